@@ -1,0 +1,25 @@
+# Two commands: `make run` and `make test`. Both create/refresh .venv first.
+PYTHON ?= python3.11
+VENV   := .venv
+STAMP  := $(VENV)/.installed
+PY     := $(VENV)/bin/python
+
+.PHONY: venv run test clean
+
+venv: $(STAMP)
+
+# Re-install only when pyproject.toml changed since the last install.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+run: venv
+	$(VENV)/bin/omnigraph run graphs/grpo_one_step_off.yaml
+
+test: venv
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

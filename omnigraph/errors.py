@@ -1,0 +1,67 @@
+"""The errors a user can cause, each with the field it is about and the fix.
+
+Everything a user can get wrong (bad YAML, an unknown node, a cycle without
+delay, a schedule that is too stale) ends in a :class:`GraphError`. The CLI
+prints its ``str()`` and exits with code 1; it never shows a traceback.
+
+>>> err = GraphError("must be >= 1", where="schedule.sync_every", fix="set it to 1 or more")
+>>> print(err)
+schedule.sync_every: must be >= 1 (fix: set it to 1 or more)
+"""
+
+from __future__ import annotations
+
+
+class GraphError(ValueError):
+    """A graph, its YAML or its schedule is invalid. The message says where and how to fix it."""
+
+    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None,
+                 line: int | None = None, source: str | None = None):
+        self.message = message
+        self.where = where
+        self.fix = fix
+        self.line = line
+        self.source = source
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        loc = ""
+        if self.source:
+            loc = f"{self.source}:{self.line}: " if self.line else f"{self.source}: "
+        elif self.line:
+            loc = f"line {self.line}: "
+        where = f"{self.where}: " if self.where else ""
+        fix = f" (fix: {self.fix})" if self.fix else ""
+        return f"{loc}{where}{self.message}{fix}"
+
+    def located(self, source: str | None, line: int | None) -> "GraphError":
+        """The same error, pointing at a file and line."""
+        return GraphError(self.message, where=self.where, fix=self.fix,
+                          line=line if line is not None else self.line,
+                          source=source or self.source)
+
+
+class GraphErrors(GraphError):
+    """Several independent problems found in one validation pass."""
+
+    def __init__(self, errors: list[GraphError]):
+        self.errors = list(errors)
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+    def _render(self) -> str:  # the message is the list itself
+        return self.message
+
+
+class StalenessError(RuntimeError):
+    """A trained batch was staler than the bound the compiler proved (``on_stale: error``)."""
+
+
+class NodeFailure(RuntimeError):
+    """A node raised while the graph ran: names the node and the iteration."""
+
+    def __init__(self, node: str, iteration: int, error: BaseException | str):
+        self.node = node
+        self.iteration = iteration
+        self.error = error
+        detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        super().__init__(f"node {node} failed at iteration {iteration}: {detail}")

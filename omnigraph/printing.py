@@ -1,0 +1,60 @@
+"""``print(plan)``: every node, edge, delay, pool, task order and the staleness bound."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+
+def format_plan(plan: "Plan") -> str:
+    g, s = plan.graph, plan.graph.spec.schedule
+    mode = s.mode + (f" (ahead {s.ahead})" if s.ahead else "")
+    out = [f"plan {plan.name}: mode {mode}, sync_every {s.sync_every}, "
+           f"{plan.iterations} iterations + {plan.fill} fill/drain = {plan.steps} steps"]
+    out.append("nodes:")
+    for n in g.nodes.values():
+        rate = f", every {n.every}" if n.every > 1 else ""
+        cost = f", cost {n.spec.cost:g}s" if getattr(n.spec, "cost", None) is not None else ""
+        out.append(f"  {n.name:<14} {n.kind}[{n.backend}] on {n.pool}{rate}{cost}")
+    out.append("edges:")
+    for e in g.edges:
+        out.append(f"  {e.arrow:<40} {e.type:<8} delay {e.delay}")
+    out.append("actors (tasks in order):")
+    for name, a in plan.actors.items():
+        res = f"cpus={a.cpus:g} gpus={a.gpus:g}"
+        tasks = " -> ".join(t.label for t in plan.order[name]) or "(idle)"
+        out.append(f"  {name:<12} {res:<16} {tasks}")
+    out.append("channels:")
+    for c in plan.channels:
+        buf = f", buffer of {c.edge.delay} in {c.dst.actor}" if c.edge.delay else ""
+        out.append(f"  {c.src.actor}:{c.edge.src}.{c.edge.src_port} -> {c.dst.actor}:{c.edge.dst}.{c.edge.dst_port}"
+                   f"  {c.transport}{buf}")
+    fill_nodes = _partial_steps(plan)
+    out.append(f"fill: {fill_nodes[0]}")
+    out.append(f"drain: {fill_nodes[1]}")
+    st = plan.staleness
+    out.append(f"staleness bound: {st.bound} (max_staleness {s.max_staleness}, on_stale {s.on_stale}; "
+               f"{st.explanation}; unrolled {st.iterations_unrolled} iterations, hyperperiod {st.hyperperiod})")
+    p = plan.prediction
+    if p:
+        out.append(f"predicted step: {p.step_s:.3f} s (serial sum {p.serial_s:.3f} s, overlap x{p.overlap:.2f})")
+    out.append("warnings:" + ("" if plan.warnings else " none"))
+    out.extend(f"  - {w}" for w in plan.warnings)
+    return "\n".join(out)
+
+
+def _partial_steps(plan: "Plan") -> tuple[str, str]:
+    """Describe the first ``fill`` and the last ``fill`` steps, where only part of the graph fires."""
+    if plan.fill == 0:
+        return "none (no delayed data edge)", "none"
+    from .schedule import Firing
+    from .staleness import hyperperiod
+    # the pattern of the first and last steps does not depend on the length of the run
+    f = Firing(plan.graph, min(plan.iterations, 2 * plan.fill + hyperperiod(plan.graph)))
+    fired = [sorted(f.next()) for _ in range(f.steps)]
+    head = "; ".join(f"step {t}: {', '.join(x)}" for t, x in enumerate(fired[: plan.fill]))
+    offset = plan.steps - f.steps
+    tail = "; ".join(f"step {t + offset}: {', '.join(x)}" for t, x in list(enumerate(fired))[-plan.fill:])
+    return head, tail

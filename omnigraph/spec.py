@@ -1,0 +1,275 @@
+"""The YAML schema of an omnigraph experiment, as pydantic v2 models.
+
+One file is one runnable experiment. Every field has a default where a
+sensible one exists; unknown fields are errors (``extra="forbid"``), so a typo
+never passes silently.
+
+>>> spec = GraphSpec.model_validate({
+...     "pools": {"rollout": {}, "trainer": {}},
+...     "nodes": {"generate": {"kind": "generate", "pool": "rollout", "backend": "synthetic"}},
+...     "edges": ["generate -> reward", {"reward -> update": {"delay": 1}}]})
+>>> spec.edges[1]
+EdgeSpec(src='reward', src_port=None, dst='update', dst_port=None, delay=1, transport='auto')
+>>> spec.schedule.mode, spec.schedule.max_staleness
+('one_step_off', 1)
+
+Staleness, defined once: the staleness of a trained sample is the trainer's
+policy version at the update that trains it minus the ``min_version`` of the
+weights that generated it. Sync training gives 0; one-step-off gives 1.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+
+NAME = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
+Name = Annotated[str, Field(pattern=NAME, max_length=64)]
+Seconds = Annotated[float, Field(ge=0, le=86_400)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ---------------------------------------------------------------- experiment
+
+
+class ModelSpec(Strict):
+    path: str = "tiny"
+    """``tiny`` (the embedded default model, built locally) or a local Hugging Face model directory."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype on the trainer and the rollout."""
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seed for building the embedded model's weights."""
+
+
+class TaskSpec(Strict):
+    name: str = "digits"
+    """A task from ``nodes.tasks`` (``digits``) or a dotted path ``pkg.mod:make_task``."""
+    prompts: int = Field(16, ge=1, le=1_000_000)
+    """Prompts per training step (the prompt groups of one batch)."""
+    samples_per_prompt: int = Field(8, ge=1, le=4096)
+    """Completions sampled per prompt: the GRPO group size."""
+    eval_prompts: int = Field(64, ge=0, le=1_000_000)
+    """Held-out prompts for evaluation."""
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seed of the prompt stream."""
+
+
+class PoolSpec(Strict):
+    actors: int = Field(1, ge=1, le=4096)
+    """Ray actors in the pool (rollout replicas or trainer data-parallel ranks)."""
+    cpus: float = Field(1, ge=0, le=4096)
+    """CPUs reserved per actor."""
+    gpus: float = Field(0, ge=0, le=64)
+    """GPUs per actor; fractions let two pools share a card."""
+
+
+# ---------------------------------------------------------------- nodes
+
+
+class NodeBase(Strict):
+    pool: Name
+    """The pool whose actors run this node."""
+    cost: Seconds | None = None
+    """Seconds one firing takes: the work of a synthetic node, and the planner's estimate."""
+    cost_mode: Literal["wait", "burn"] = "wait"
+    """How a synthetic node spends ``cost``: ``wait`` (accelerator time, host idle) or ``burn`` (CPU)."""
+
+
+class GenerateNode(NodeBase):
+    kind: Literal["generate"]
+    backend: Literal["hf", "vllm", "synthetic"] = "hf"
+    """Rollout engine: transformers ``generate``, vLLM, or a synthetic stand-in with ``cost``."""
+    max_new_tokens: int = Field(16, ge=1, le=131_072)
+    temperature: float = Field(1.0, ge=0, le=100)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class RewardNode(NodeBase):
+    kind: Literal["reward"]
+    backend: Literal["python", "synthetic"] = "python"
+    fn: str = "nodes.rewards:digits_match"
+    """Dotted path ``module:function`` of ``(prompt, completion, **meta) -> float``."""
+    normalize_std: bool = True
+    """GRPO advantages divided by the group's reward std (on) or only centred (off)."""
+
+
+class LogprobNode(NodeBase):
+    backend: Literal["torch", "synthetic"] = "torch"
+    micro_batch_size: int = Field(16, ge=1, le=65_536)
+
+
+class OldLogprobNode(LogprobNode):
+    kind: Literal["old_logprob"]
+
+
+class RefLogprobNode(LogprobNode):
+    kind: Literal["ref_logprob"]
+    kl_coef: float = Field(0.0, ge=0, le=100)
+
+
+class LoraSpec(Strict):
+    r: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16, gt=0)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+class UpdateNode(NodeBase):
+    kind: Literal["update"]
+    backend: Literal["torch", "synthetic"] = "torch"
+    lr: float = Field(1e-3, gt=0, le=10)
+    clip: float = Field(0.2, gt=0, le=10)
+    """PPO clip range epsilon."""
+    mini_batch_size: int | None = Field(None, ge=1, le=1_000_000)
+    """Samples per optimizer step (default: the whole batch, one step per update)."""
+    micro_batch_size: int = Field(16, ge=1, le=65_536)
+    max_grad_norm: float = Field(1.0, gt=0)
+    lora: LoraSpec | None = None
+
+
+class SyncNode(NodeBase):
+    kind: Literal["sync"]
+    backend: Literal["torch", "synthetic"] = "torch"
+    payload: Literal["full", "lora"] = "full"
+    """``full`` weights, or ``lora`` adapter tensors only."""
+    every: int | None = Field(None, ge=1, le=1_000_000)
+    """Fire on every k-th update; default ``schedule.sync_every``."""
+
+
+class CustomNode(NodeBase):
+    kind: Literal["custom"]
+    cls: str
+    """Dotted path ``module:Class`` of the node implementation."""
+    inputs: dict[Name, str] = {}
+    outputs: dict[Name, str] = {}
+    every: int = Field(1, ge=1, le=1_000_000)
+    """Fire on every k-th ready iteration (only for nodes whose inputs are all state ports)."""
+    options: dict[str, Any] = {}
+
+
+NodeSpec = Annotated[
+    Union[GenerateNode, RewardNode, OldLogprobNode, RefLogprobNode, UpdateNode, SyncNode, CustomNode],
+    Field(discriminator="kind"),
+]
+NODE_KINDS = ("generate", "reward", "old_logprob", "ref_logprob", "update", "sync", "custom")
+
+
+# ---------------------------------------------------------------- edges
+
+_EDGE = re.compile(r"^\s*([A-Za-z_][\w\-]*)(?:\.(\w+))?\s*->\s*([A-Za-z_][\w\-]*)(?:\.(\w+))?\s*$")
+
+
+class EdgeSpec(Strict):
+    """``src[.port] -> dst[.port]``; YAML writes it as a string or ``{"a -> b": {delay: 1}}``."""
+
+    src: Name
+    src_port: str | None = None
+    dst: Name
+    dst_port: str | None = None
+    delay: int | None = Field(None, ge=0, le=1024)
+    """Iterations between producing and consuming; ``None`` lets ``schedule.mode`` decide."""
+    transport: Literal["auto", "shm", "nccl"] = "auto"
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        return f"EdgeSpec({fields})"
+
+    @property
+    def arrow(self) -> str:
+        s = f"{self.src}.{self.src_port}" if self.src_port else self.src
+        d = f"{self.dst}.{self.dst_port}" if self.dst_port else self.dst
+        return f"{s} -> {d}"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            return _parse_arrow(raw)
+        if isinstance(raw, dict) and len(raw) == 1:
+            (key, attrs), = raw.items()
+            if isinstance(key, str) and "->" in key:
+                if attrs is None:
+                    attrs = {}
+                if not isinstance(attrs, dict):
+                    raise ValueError(f"edge '{key}': attributes must be a mapping like {{delay: 1}}")
+                return {**_parse_arrow(key), **attrs}
+        return raw
+
+    @model_serializer(mode="plain")
+    def _dump(self) -> Any:
+        attrs = {}
+        if self.delay is not None:
+            attrs["delay"] = self.delay
+        if self.transport != "auto":
+            attrs["transport"] = self.transport
+        return {self.arrow: attrs} if attrs else self.arrow
+
+
+def _parse_arrow(text: str) -> dict[str, Any]:
+    m = _EDGE.match(text)
+    if not m:
+        raise ValueError(f"edge '{text}' is not of the form 'src -> dst' or 'src.port -> dst.port'")
+    src, sp, dst, dp = m.groups()
+    return {"src": src, "src_port": sp, "dst": dst, "dst_port": dp}
+
+
+# ---------------------------------------------------------------- schedule
+
+
+class ScheduleSpec(Strict):
+    mode: Literal["sync", "one_step_off", "async", "custom"] = "one_step_off"
+    """``sync``, ``one_step_off`` (= async, ahead 1), ``async`` (ahead k) insert the delays;
+    ``custom`` takes the edges' declared delays as they are."""
+    ahead: int | None = Field(None, ge=1, le=1024)
+    """For ``async``: how many batches generation runs ahead of training (default 1)."""
+    max_staleness: int = Field(1, ge=0, le=1_000_000)
+    """The largest staleness (see the module docstring) the run may train on."""
+    sync_every: int = Field(1, ge=1, le=1_000_000)
+    """Push weights to the rollout every k updates; adds k - 1 to the staleness bound."""
+    iterations: int = Field(60, ge=1, le=10_000_000)
+    """Training steps: batches generated, and batches trained (each exactly once)."""
+    on_stale: Literal["error", "drop", "wait"] = "error"
+    """When a batch is staler than ``max_staleness``: stop, drop those samples, or regenerate them."""
+
+    @model_validator(mode="after")
+    def _ahead_only_for_async(self) -> "ScheduleSpec":
+        if self.ahead is not None and self.mode in ("sync", "one_step_off"):
+            raise ValueError(f"schedule.ahead applies to mode 'async' only, not '{self.mode}'; "
+                             "remove schedule.ahead or set schedule.mode: async")
+        return self
+
+    @property
+    def data_delay(self) -> int | None:
+        """The delay the mode puts on the rollout -> trainer data edge (None for ``custom``)."""
+        return {"sync": 0, "one_step_off": 1, "async": self.ahead or 1}.get(self.mode)
+
+
+class RuntimeSpec(Strict):
+    executor: Literal["ray", "local", "ray-tasks"] = "ray"
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    run_dir: str = "runs"
+    """Parent folder of run directories (``runs/<name>-<timestamp>``)."""
+    address: str | None = None
+    """Join an existing Ray cluster instead of starting a local one."""
+
+
+class GraphSpec(Strict):
+    name: str = Field("omnigraph", max_length=128)
+    model: ModelSpec = ModelSpec()
+    task: TaskSpec = TaskSpec()
+    pools: dict[Name, PoolSpec] = {}
+    nodes: dict[Name, NodeSpec] = {}
+    edges: list[EdgeSpec] = []
+    schedule: ScheduleSpec = ScheduleSpec()
+    runtime: RuntimeSpec = RuntimeSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        if not v.isprintable() or "/" in v or v.strip() != v or not v:
+            raise ValueError("name must be a non-empty printable string without '/' or surrounding spaces")
+        return v

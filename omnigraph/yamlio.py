@@ -1,0 +1,197 @@
+"""Load and dump graph YAML: safe loading, line numbers, ``key.path=value`` overrides.
+
+YAML is only ever loaded with ``yaml.SafeLoader``: tags such as
+``!!python/object`` are errors, never code. Every error names the file and
+line it is about:
+
+>>> load_text("nodes: {update: {kind: update, pool: trainer, lr: -1}}", "g.yaml")
+Traceback (most recent call last):
+...
+omnigraph.errors.GraphError: g.yaml:1: nodes.update.lr: Input should be greater than 0 (fix: ...)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .errors import GraphError, GraphErrors
+from .spec import GraphSpec
+
+MAX_BYTES = 1_000_000
+MAX_DEPTH = 32
+
+
+def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> GraphSpec:
+    """Read a graph YAML file, apply ``key.path=value`` overrides, validate the schema."""
+    p = Path(path)
+    if not p.is_file():
+        raise GraphError(f"no such file '{path}'", fix="pass the path of a graph YAML, e.g. graphs/grpo_one_step_off.yaml")
+    if p.stat().st_size > MAX_BYTES:
+        raise GraphError(f"file is {p.stat().st_size} bytes, more than {MAX_BYTES}", source=str(path))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as e:
+        raise GraphError(f"cannot read the file: {e}", source=str(path)) from None
+    return load_text(text, str(path), overrides)
+
+
+def load_text(text: str, source: str = "<yaml>", overrides: list[str] | tuple[str, ...] = ()) -> GraphSpec:
+    raw, lines = parse_yaml(text, source)
+    for item in overrides:
+        raw = apply_override(raw, item)
+    return validate_raw(raw, source, lines)
+
+
+def parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
+    """Parse safely; return the document and a map from key paths to line numbers."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        line = mark.line + 1 if mark else None
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        fix = "use plain YAML: mappings, lists, strings and numbers (tags like !!python/... are refused)" \
+            if "tag" in str(e) or "constructor" in str(e) else "check the indentation and quoting on that line"
+        raise GraphError(f"invalid YAML: {problem}", line=line, source=source, fix=fix) from None
+    except RecursionError:
+        raise GraphError("the YAML nests too deeply", source=source) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise GraphError(f"the document must be a mapping of fields, not {type(data).__name__}",
+                         source=source, line=1, fix="start from graphs/grpo_one_step_off.yaml")
+    if _depth(data) > MAX_DEPTH:
+        raise GraphError(f"the YAML nests more than {MAX_DEPTH} levels deep", source=source)
+    lines: dict[tuple, int] = {}
+    if node is not None:
+        _index_lines(node, (), lines)
+    return data, lines
+
+
+def _depth(x: Any, d: int = 0) -> int:
+    if d > MAX_DEPTH:
+        return d
+    if isinstance(x, dict):
+        return max((_depth(v, d + 1) for v in x.values()), default=d + 1)
+    if isinstance(x, list):
+        return max((_depth(v, d + 1) for v in x), default=d + 1)
+    return d
+
+
+def _index_lines(node: yaml.Node, path: tuple, out: dict[tuple, int]) -> None:
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            out[path + (key,)] = k.start_mark.line + 1
+            _index_lines(v, path + (key,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _index_lines(v, path + (i,), out)
+
+
+def apply_override(raw: dict, item: str) -> dict:
+    """``nodes.update.lr=3e-4``: set a value by dotted path; the value is parsed as YAML."""
+    if "=" not in item:
+        raise GraphError(f"override '{item}' is not of the form key.path=value", fix="e.g. schedule.iterations=10")
+    key, _, text = item.partition("=")
+    parts = [p for p in key.strip().split(".")]
+    if not all(parts):
+        raise GraphError(f"override '{item}': empty key", fix="e.g. schedule.iterations=10")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    target: Any = raw
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[: i + 1])
+        if isinstance(target, list):
+            if not part.isdigit() or int(part) >= len(target):
+                raise GraphError(f"override '{item}': '{where}' is not an index into a list of {len(target)}")
+            idx = int(part)
+            if last:
+                target[idx] = value
+            else:
+                target = target[idx]
+            continue
+        if not isinstance(target, dict):
+            raise GraphError(f"override '{item}': '{'.'.join(parts[:i])}' is not a mapping")
+        if last:
+            target[part] = value
+        else:
+            if target.get(part) is None:
+                target[part] = {}
+            target = target[part]
+    return raw
+
+
+def validate_raw(raw: dict, source: str = "<yaml>", lines: dict[tuple, int] | None = None) -> GraphSpec:
+    lines = lines or {}
+    try:
+        return GraphSpec.model_validate(raw)
+    except ValidationError as e:
+        errors = [_translate(err, source, lines) for err in e.errors()[:8]]
+        raise (errors[0] if len(errors) == 1 else GraphErrors(errors)) from None
+    except RecursionError:
+        raise GraphError("the document nests too deeply", source=source) from None
+
+
+def _translate(err: dict, source: str, lines: dict[tuple, int]) -> GraphError:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+    where = ".".join(str(p) for p in loc) or "(document)"
+    line = None
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in lines:
+            line = lines[loc[:n]]
+            break
+    kind = err["type"]
+    msg = err["msg"]
+    if kind == "extra_forbidden":
+        field = loc[-1] if loc else "?"
+        return GraphError(f"unknown field '{field}'", where=where, line=line, source=source,
+                          fix=f"remove '{field}' or correct its spelling")
+    if kind == "union_tag_invalid" or kind == "union_tag_not_found":
+        from .spec import NODE_KINDS
+        return GraphError(f"{msg}", where=where, line=line, source=source,
+                          fix=f"set kind to one of: {', '.join(NODE_KINDS)}")
+    if kind == "missing":
+        return GraphError("required field is missing", where=where, line=line, source=source,
+                          fix=f"add '{loc[-1]}'")
+    return GraphError(msg.removeprefix("Value error, "), where=where, line=line, source=source,
+                      fix=_FIXES.get(kind, "see the field's documentation in omnigraph/spec.py"))
+
+
+_UNION_TAGS = {"generate", "reward", "old_logprob", "ref_logprob", "update", "sync", "custom",
+               "function-after[_parse(), EdgeSpec]"}
+_FIXES = {
+    "greater_than": "use a larger value",
+    "greater_than_equal": "use a larger value",
+    "less_than": "use a smaller value",
+    "less_than_equal": "use a smaller value",
+    "literal_error": "use one of the listed values",
+    "int_parsing": "write a whole number",
+    "int_from_float": "write a whole number",
+    "float_parsing": "write a number",
+    "string_pattern_mismatch": "use letters, digits, '_' and '-' only, starting with a letter",
+    "bool_parsing": "write true or false",
+    "dict_type": "write a mapping (key: value)",
+    "list_type": "write a list (- item)",
+    "string_type": "write a string",
+}
+
+
+def dump(spec: GraphSpec, *, exclude_defaults: bool = True) -> str:
+    """The spec as YAML; ``load_text(dump(spec)) == spec``."""
+    data = spec.model_dump(mode="json", exclude_defaults=exclude_defaults)
+    if exclude_defaults:
+        # keep each node's kind and pool: they make the file readable and are required
+        data["nodes"] = {name: {"kind": n.kind, "pool": n.pool, **data.get("nodes", {}).get(name, {})}
+                         for name, n in spec.nodes.items()}
+        data["edges"] = [e.model_dump() for e in spec.edges]
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
