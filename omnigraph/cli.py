@@ -1,0 +1,154 @@
+"""The ``omnigraph`` command: thin commands over library functions.
+
+    omnigraph run GRAPH.yaml [key=value ...]
+    omnigraph check GRAPH.yaml [key=value ...] [--json]
+    omnigraph viz GRAPH.yaml [-f mermaid|dot|ascii|png] [-o FILE] [--timeline]
+
+A mistake the user can make ends in one message and exit code 1, never a
+traceback. ``main(argv)`` returns the exit code, for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from .errors import GraphError, NodeFailure, StalenessError
+
+USER_ERRORS = (GraphError, NodeFailure, StalenessError)
+
+
+def local_cluster() -> dict[str, float]:
+    """The CPUs and GPUs of this machine (what a local Ray cluster will have)."""
+    gpus = 0
+    if shutil.which("nvidia-smi"):
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+            gpus = sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            gpus = 0
+    return {"cpus": float(os.cpu_count() or 1), "gpus": float(gpus)}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omnigraph", description="RL post-training as a static, compiled dataflow graph.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def graph_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("graph", help="graph YAML file")
+        sp.add_argument("overrides", nargs="*", metavar="key.path=value", help="override fields, e.g. schedule.iterations=10")
+
+    r = sub.add_parser("run", help="train: progress, metrics, plots")
+    graph_args(r)
+    r.add_argument("--executor", choices=["ray", "local", "ray-tasks"], help="overrides runtime.executor")
+    r.add_argument("--run-dir", help="parent folder of the run directory (runtime.run_dir)")
+    r.add_argument("--address", help="join an existing Ray cluster (runtime.address)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    c = sub.add_parser("check", help="validate: invariants, staleness bound, plan")
+    graph_args(c)
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+
+    v = sub.add_parser("viz", help="draw the graph or its pipeline timeline")
+    graph_args(v)
+    v.add_argument("-f", "--format", default="ascii", choices=["mermaid", "dot", "ascii", "png"])
+    v.add_argument("-o", "--output", help="output file (required for png and --timeline)")
+    v.add_argument("--timeline", action="store_true", help="draw the unrolled pipeline as a PNG Gantt chart")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "check": cmd_check, "viz": cmd_viz}[args.command](args)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: stopped and cleaned up", file=sys.stderr)
+        return 130
+
+
+def _compile(args, extra: list[str] = (), cluster: dict[str, float] | None = None):
+    from .compiler import compile
+    return compile(args.graph, overrides=list(args.overrides) + list(extra), cluster=cluster)
+
+
+def cmd_check(args) -> int:
+    if not args.json:
+        plan = _compile(args, cluster=local_cluster())
+        print(plan)
+        print(f"\nvalid: staleness bound {plan.bound}")
+        return 0
+    report: dict[str, Any] = {"valid": False, "staleness_bound": None, "warnings": [], "errors": []}
+    try:
+        plan = _compile(args, cluster=local_cluster())
+    except GraphError as e:
+        report["errors"] = [str(x) for x in getattr(e, "errors", [e])]
+    else:
+        report.update(valid=True, staleness_bound=plan.bound, warnings=plan.warnings, name=plan.name,
+                      mode=plan.graph.spec.schedule.mode, steps=plan.steps, fill=plan.fill,
+                      predicted_step_s=round(plan.prediction.step_s, 6),
+                      actors={a: [t.label for t in ts] for a, ts in plan.order.items()})
+    print(json.dumps(report))
+    return 0 if report["valid"] else 1
+
+
+def cmd_viz(args) -> int:
+    from . import viz
+    plan = _compile(args)
+    if args.timeline or args.format == "png":
+        if not args.output:
+            raise GraphError("a PNG needs an output file", fix="add -o FILE.png")
+        if args.timeline:
+            viz.timeline(plan, args.output)
+        else:
+            viz.render(plan, "png", args.output)
+        print(f"wrote {args.output}")
+        return 0
+    text = viz.render(plan, args.format)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {args.output}")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .runtime import run
+    extra = []
+    if args.executor:
+        extra.append(f"runtime.executor={args.executor}")
+    if args.address:
+        extra.append(f"runtime.address={args.address}")
+    if args.run_dir:
+        extra.append(f"runtime.run_dir={args.run_dir}")
+    cluster = None if args.address else local_cluster()
+    plan = _compile(args, extra, cluster=cluster)
+    for w in plan.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    result = run(plan, progress=not args.quiet)
+    s = result.summary
+    reward = ""
+    if s.get("reward_first") is not None:
+        reward = f", reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}"
+    print(f"done: {s['steps']} steps in {s['wall_s']:.1f} s ({s['s_per_step']:.3f} s/step){reward}, "
+          f"staleness max {s['observed_max_staleness']} (bound {s['staleness_bound']}), "
+          f"batches trained {s['batches_trained']}/{s['batches_generated']}")
+    print(f"run directory: {result.run_dir}")
+    return 0
+
+
+def entry() -> None:
+    raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,59 @@
+"""What an executor is: start actors for a plan, yield one result per step, stop.
+
+Nothing outside ``omnigraph/executors/`` knows which executor runs; the
+runtime only sees :class:`StepResult` objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+@dataclass
+class StepResult:
+    step: int
+    fired: frozenset[str]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """One record per node run: node, actor, seconds, t_start/t_end and the node's metrics."""
+
+
+class Executor:
+    name = "base"
+
+    def __init__(self, plan, **options: Any):
+        self.plan = plan
+        self.options = options
+
+    def start(self) -> None:
+        """Create the actors and build every node (models load here)."""
+
+    def steps(self, start: int = 0) -> Iterator[StepResult]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Tear everything down; must be safe to call twice and after a failure."""
+
+    def __enter__(self) -> "Executor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def make_executor(plan, name: str | None = None, **options: Any) -> Executor:
+    name = name or plan.graph.spec.runtime.executor
+    if name == "local":
+        from .local import LocalExecutor
+        return LocalExecutor(plan, **options)
+    if name in ("ray", "ray-tasks"):
+        try:
+            from .ray_compiled import RayCompiledExecutor, RayTasksExecutor
+        except ImportError as e:
+            from ..errors import GraphError
+            raise GraphError(f"executor '{name}' is not available: {e}", where="runtime.executor",
+                             fix="use runtime.executor=local") from None
+        return (RayCompiledExecutor if name == "ray" else RayTasksExecutor)(plan, **options)
+    from ..errors import GraphError
+    raise GraphError(f"unknown executor '{name}'", where="runtime.executor", fix="use ray, ray-tasks or local")

@@ -1,0 +1,153 @@
+"""The per-actor runtime that every executor hosts: nodes, delay buffers, the staleness check.
+
+An executor (``local``, ``ray``, ``ray-tasks``) only moves values between
+harnesses and calls their two entry points in plan order:
+
+- ``run(node, step, inputs)``: ``inputs`` maps an edge index to the list of
+  values the producer's ranks made this step (zero-delay edges only); the
+  harness adds the values its delay buffers owe this step, concatenates and
+  shards streams for its rank, runs the node and returns its outputs;
+- ``stash(edge, step, values)``: stores this step's value of a delayed edge.
+
+Because the semantics live here, the same plan gives the same versions,
+staleness and outputs on every executor.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from .data import SampleBatch, Weights
+from .errors import NodeFailure, StalenessError
+from .node import ActorState, NodeContext
+from .schedule import DelayLine
+
+
+class ActorHarness:
+    def __init__(self, plan, actor: str, seed: int | None = None):
+        self.plan = plan
+        self.actor = actor
+        a = plan.actors[actor]
+        self.rank = a.rank
+        self.world = plan.graph.spec.pools[a.pool].actors
+        self.seed = plan.graph.spec.runtime.seed if seed is None else seed
+        self.state = ActorState()
+        self.records: list[dict[str, Any]] = []
+        self.refresh: Callable[[SampleBatch, int], SampleBatch] | None = None
+        """Set by executors that support ``on_stale: wait``: regenerate a batch with fresh weights."""
+        g = plan.graph
+        mine = {t.node for t in plan.order[actor] if t.op == "run"}
+        self.lines: dict[int, DelayLine] = {
+            e.index: DelayLine(e.delay, e.state, initial=Weights(0) if e.state else None)
+            for e in g.edges if e.dst in mine and (e.delay > 0 or e.state)}
+        self.nodes: dict[str, Any] = {}
+        self.contexts: dict[str, NodeContext] = {}
+        from nodes.registry import make_node
+        for name in g.topo:
+            if name in mine:
+                ctx = NodeContext(actor, self.rank, self.world, self.seed, g.spec, self.state)
+                self.contexts[name] = ctx
+                try:
+                    self.nodes[name] = make_node(g.nodes[name], ctx)
+                except Exception as e:  # noqa: BLE001 - reported with the node's name
+                    raise NodeFailure(name, -1, e) from e
+
+    # -- the two entry points ------------------------------------------------
+    def run(self, node: str, step: int, inputs: dict[int, list[Any]]) -> dict[str, Any]:
+        g = self.plan.graph
+        kwargs: dict[str, Any] = {}
+        for e in g.inputs_of(node):
+            if e.index in inputs:
+                value = self._gather(e, inputs[e.index])
+                if e.state:
+                    self.lines[e.index].push(step, value)
+                    value = self.lines[e.index].read(step)
+            else:
+                value = self.lines[e.index].read(step)
+            kwargs[e.dst_port] = value
+        ctx = self.contexts[node]
+        ctx.metrics = {}
+        kind = g.nodes[node].kind
+        record: dict[str, Any] = {"node": node, "actor": self.actor, "step": step}
+        if kind == "update":
+            kwargs["batch"] = self._check_staleness(kwargs["batch"], step, record)
+        t0 = time.perf_counter()
+        try:
+            out = self.nodes[node](step, **kwargs)
+        except Exception as e:  # noqa: BLE001 - re-raised with the node and step
+            raise NodeFailure(node, step, e) from e
+        record["seconds"] = time.perf_counter() - t0
+        record["t_start"], record["t_end"] = t0, t0 + record["seconds"]
+        if kind == "update":
+            self.state.policy_version += 1
+            out["weights"] = _stamp(out.get("weights"), self.state.policy_version)
+            record["version"] = self.state.policy_version
+        if kind == "generate":
+            record["batch"] = step
+            record["weights_version"] = kwargs["weights"].version
+        record.update(ctx.metrics)
+        self.records.append(record)
+        missing = set(g.nodes[node].outputs) - set(out or {})
+        if missing:
+            raise NodeFailure(node, step, f"returned no value for output(s) {', '.join(sorted(missing))}")
+        return out
+
+    def stash(self, edge: int, step: int, values: list[Any]) -> None:
+        e = self.plan.graph.edges[edge]
+        self.lines[edge].push(step, self._gather(e, values))
+
+    def pop_records(self) -> list[dict[str, Any]]:
+        out, self.records = self.records, []
+        return out
+
+    def buffered(self) -> dict[int, int]:
+        """Values waiting in each delay buffer (edge index -> count)."""
+        return {i: len(line) for i, line in self.lines.items() if not line.state}
+
+    # -- internals -----------------------------------------------------------
+    def _gather(self, e, values: list[Any]) -> Any:
+        if e.state:
+            return values[0]
+        if all(isinstance(v, SampleBatch) for v in values):
+            return SampleBatch.concat(values).shard(self.rank, self.world)
+        return values[0] if len(values) == 1 else values
+
+    def _check_staleness(self, batch: Any, step: int, record: dict[str, Any]) -> Any:
+        """Measure every sample's staleness and apply ``schedule.on_stale`` to those over the limit."""
+        if not isinstance(batch, SampleBatch):
+            return batch
+        s = self.plan.graph.spec.schedule
+        limit = min(self.plan.bound, s.max_staleness)
+        v = self.state.policy_version
+        stale = [v - m for m in batch.min_version]
+        record.update(batch=batch.batch_id, trained_groups=batch.groups, staleness_mean=sum(stale) / max(len(stale), 1),
+                      staleness_max=max(stale, default=0), dropped=0, samples=len(batch))
+        over = [i for i, x in enumerate(stale) if x > limit]
+        if not over:
+            return batch
+        if s.on_stale == "error":
+            raise StalenessError(f"batch {batch.batch_id} trained at version {v} has staleness {max(stale)} > "
+                                 f"bound {limit} ({len(over)} of {len(batch)} samples)")
+        if s.on_stale == "drop":
+            keep = [i for i in range(len(batch)) if i not in set(over)]
+            record["dropped"] = len(over)
+            record["dropped_groups"] = sorted(set(batch.group_ids) - set(_take(batch.group_ids, keep)))
+            return batch.select(keep)
+        if self.refresh is None:
+            raise StalenessError("on_stale: wait needs an executor that can regenerate batches (use executor local)")
+        fresh = self.refresh(batch, v)
+        record["regenerated"] = len(batch)
+        record["staleness_mean"] = record["staleness_max"] = 0
+        return fresh
+
+
+def _take(xs: list, idx: list[int]) -> list:
+    return [xs[i] for i in idx]
+
+
+def _stamp(weights: Any, version: int) -> Weights:
+    if isinstance(weights, Weights):
+        weights.version = version
+        return weights
+    return Weights(version=version)

@@ -1,0 +1,167 @@
+"""The run loop: a run directory, an executor, per-step metrics, a live progress bar.
+
+``run(plan)`` creates ``<runtime.run_dir>/<name>-<timestamp>/`` holding
+
+- ``config.yaml``: the resolved spec (every default written out);
+- ``plan.txt``: ``print(plan)``;
+- ``metrics.jsonl``: one JSON object per step (see :func:`step_metrics`);
+- ``summary.json``: totals at the end.
+
+It never writes outside that directory and never reuses an existing one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import GraphError
+from .executors.base import StepResult, make_executor
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    wall_s: float
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def new_run_dir(parent: str | Path, name: str) -> Path:
+    parent = Path(parent)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        d = parent / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            d.mkdir(parents=True, exist_ok=False)
+            return d
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise GraphError(f"cannot create the run directory {d}: {e.strerror}", where="runtime.run_dir",
+                             fix="point runtime.run_dir at a writable folder") from None
+    raise GraphError(f"too many runs named {name} this second in {parent}", where="runtime.run_dir")
+
+
+def step_metrics(result: StepResult, elapsed: float, step_s: float) -> dict[str, Any]:
+    """Fold one step's node records into one metrics row."""
+    row: dict[str, Any] = {"step": result.step, "wall_s": round(elapsed, 6), "step_s": round(step_s, 6),
+                           "fired": sorted(result.fired)}
+    for r in result.records:
+        key = f"timing_s/{r['node']}"
+        row[key] = max(row.get(key, 0.0), r.get("seconds", 0.0))
+        for k, v in r.items():
+            if k in ("node", "actor", "step", "seconds", "t_start", "t_end", "trained_groups", "dropped_groups"):
+                continue
+            if k in ("staleness_max", "version", "weights_version"):
+                row[k] = max(row.get(k, v), v)
+            elif k in ("dropped", "samples", "regenerated"):
+                row[k] = row.get(k, 0) + v
+            elif k in ("batch",):
+                row[f"{r['node']}/batch"] = v
+            else:
+                row.setdefault(k, v)
+    return row
+
+
+def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None, progress: bool = True,
+        console=None) -> RunResult:
+    spec = plan.graph.spec
+    out = new_run_dir(run_dir or spec.runtime.run_dir, spec.name)
+    (out / "config.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    (out / "plan.txt").write_text(str(plan) + "\n")
+    ex = make_executor(plan, executor)
+    rows: list[dict[str, Any]] = []
+    generated: set[int] = set()
+    trained: list[int] = []
+    t0 = time.perf_counter()
+    bar = _Progress(plan, enabled=progress, console=console)
+    with open(out / "metrics.jsonl", "w") as f, bar:
+        bar.status("starting actors")
+        ex.start()
+        try:
+            last = time.perf_counter()
+            for result in ex.steps():
+                now = time.perf_counter()
+                row = step_metrics(result, now - t0, now - last)
+                last = now
+                rows.append(row)
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                for r in result.records:
+                    if r["node"] in _kinds(plan, "generate"):
+                        generated.add(r["step"])
+                    if r["node"] in _kinds(plan, "update"):
+                        trained.append(r["batch"])
+                bar.advance(row)
+        finally:
+            ex.stop()
+    wall = time.perf_counter() - t0
+    summary = _summary(plan, rows, generated, trained, wall, out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return RunResult(run_dir=out, steps=len(rows), wall_s=wall, metrics=rows, summary=summary)
+
+
+def _kinds(plan, kind: str) -> set[str]:
+    return {n.name for n in plan.graph.of_kind(kind)}
+
+
+def _summary(plan, rows, generated, trained, wall, out) -> dict[str, Any]:
+    rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
+    stale = [r["staleness_max"] for r in rows if "staleness_max" in r]
+    return {
+        "run_dir": str(out), "steps": len(rows), "iterations": plan.iterations, "wall_s": round(wall, 3),
+        "s_per_step": round(wall / max(len(rows), 1), 4),
+        "batches_generated": len(generated), "batches_trained": len(trained),
+        "batches_trained_twice": len(trained) - len(set(trained)),
+        "batches_lost": len(generated - set(trained)),
+        "dropped_samples": sum(r.get("dropped", 0) for r in rows),
+        "staleness_bound": plan.bound, "observed_max_staleness": max(stale, default=0),
+        "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+    }
+
+
+class _Progress:
+    """A rich progress bar with step, reward, staleness and s/step (silent when disabled)."""
+
+    def __init__(self, plan, enabled: bool, console=None):
+        self.enabled = enabled
+        self.total = plan.steps
+        if not enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console,
+                                 transient=False)
+        self.task = self.progress.add_task(plan.name, total=self.total, info="")
+
+    def __enter__(self):
+        if self.enabled:
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.progress.__exit__(*exc)
+
+    def status(self, text: str) -> None:
+        if self.enabled:
+            self.progress.update(self.task, info=text)
+
+    def advance(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        parts = []
+        if "reward_mean" in row:
+            parts.append(f"reward {row['reward_mean']:.3f}")
+        if "staleness_max" in row:
+            parts.append(f"staleness {row['staleness_max']}")
+        parts.append(f"{row['step_s']:.3f} s/step")
+        self.progress.update(self.task, advance=1, info="  ".join(parts))

@@ -1,0 +1,113 @@
+"""The unrolled pipeline as a Gantt chart: one lane per actor, one box per task.
+
+The boxes are the predicted schedule (:mod:`omnigraph.predict`) of the first
+few steps, fill included. Each ``generate`` box says the batch it makes and
+the weights version it uses (``gen b3 v2``), each ``update`` box the batch it
+trains and the trainer's version (``upd b2 v2``), both read from the
+staleness proof (:mod:`omnigraph.staleness`), so the picture shows at a
+glance what runs in parallel and how stale each batch is. ``stash`` and
+``apply`` tasks take no time and are drawn as ticks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
+
+from .text import mode_of  # noqa: E402
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+    from ..predict import Box
+
+BOX_H = 0.62          # box height, in lanes
+FONT = 8
+TICK = {"apply": ("black", "apply weights (no time)"), "stash": ("#888888", "stash delayed value (no time)")}
+
+
+def box_labels(plan: "Plan", b: "Box") -> list[str]:
+    """The texts for a run box, longest first; the drawing keeps the first that fits."""
+    kind = plan.graph.nodes[b.node].kind
+    if kind == "generate":
+        v = {(t, n): v for t, n, v in plan.staleness.generated}.get((b.step, b.node))
+        if v is not None:
+            return [f"gen b{b.step} v{v}", f"b{b.step} v{v}", f"b{b.step}"]
+    if kind == "update":
+        tr = next((x for x in plan.staleness.trained if x.step == b.step), None)
+        if tr is not None:
+            return [f"upd b{tr.batch} v{tr.trainer_version}", f"b{tr.batch} v{tr.trainer_version}",
+                    f"b{tr.batch}"]
+    return [b.label, b.label[:3]]
+
+
+def timeline_png(plan: "Plan", out: str, dpi: int = 110) -> None:
+    """Draw the predicted schedule of ``plan`` to ``out`` (PNG)."""
+    pred = plan.prediction
+    if pred is None:
+        from ..predict import predict
+        pred = predict(plan)
+    actors = list(plan.actors)
+    lane = {a: i for i, a in enumerate(actors)}
+    cmap = plt.get_cmap("tab10")
+    colour = {n: cmap(i % 10) for i, n in enumerate(plan.graph.nodes)}
+    runs = [b for b in pred.boxes if b.op == "run" and b.end > b.start]
+    ticks = [b for b in pred.boxes if b.op == "stash"]
+    span = max((b.end for b in pred.boxes), default=1.0) or 1.0
+    shortest = min((b.end - b.start for b in runs), default=span)
+    width = min(24.0, max(8.0, 0.7 * span / shortest + 1.5))
+    fig, ax = plt.subplots(figsize=(width, 0.75 * len(actors) + 1.9))
+    ax.set_xlim(0, span * 1.01)
+    ax.set_ylim(len(actors) - 0.5, -0.5)
+    ax.set_yticks(range(len(actors)), actors)
+    ax.set_xlabel("seconds (predicted)")
+    ax.grid(axis="x", color="#dddddd", lw=0.6)
+    ax.set_axisbelow(True)
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+
+    s = plan.graph.spec.schedule
+    ax.set_title(f"{plan.name}: {mode_of(plan)}, predicted step {pred.step_s:.3g} s "
+                 f"(serial {pred.serial_s:.3g} s), staleness bound {plan.bound}"
+                 + (f", sync every {s.sync_every}" if s.sync_every > 1 else ""), fontsize=11)
+
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    renderer = fig.canvas.get_renderer()
+    for b in runs:
+        y = lane[b.actor]
+        ax.add_patch(Rectangle((b.start, y - BOX_H / 2), b.end - b.start, BOX_H,
+                               fc=colour[b.node], ec="white", lw=1.0, alpha=0.85))
+        _fit_text(ax, renderer, (b.start + b.end) / 2, y, b.end - b.start, box_labels(plan, b))
+    for b in ticks:
+        c, _ = TICK["apply" if b.label.startswith("apply") else "stash"]
+        y = lane[b.actor]
+        ax.plot([b.start, b.start], [y - BOX_H / 2 - 0.08, y + BOX_H / 2 + 0.08], color=c, lw=1.6,
+                solid_capstyle="butt", zorder=4)
+
+    handles = [Patch(fc=colour[n], alpha=0.85, label=n) for n in plan.graph.nodes
+               if any(b.node == n for b in runs)]
+    kinds = {"apply" if b.label.startswith("apply") else "stash" for b in ticks}
+    handles += [Line2D([], [], color=TICK[k][0], lw=1.6, label=TICK[k][1]) for k in sorted(kinds)]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), frameon=False,
+               fontsize=9, bbox_to_anchor=(0.5, 0.0))
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+
+
+def _fit_text(ax, renderer, x: float, y: float, dur: float, texts: list[str]) -> None:
+    """Write the first of ``texts`` that fits inside a box ``dur`` seconds wide; none if none fits."""
+    x0, _ = ax.transData.transform((0, 0))
+    x1, _ = ax.transData.transform((dur, 0))
+    room = abs(x1 - x0) - 4
+    for t in texts:
+        txt = ax.text(x, y, t, ha="center", va="center", fontsize=FONT, color="white",
+                      weight="bold", clip_on=True)
+        if txt.get_window_extent(renderer).width <= room:
+            return
+        txt.remove()
