@@ -141,7 +141,7 @@ def cmd_run(args) -> int:
         reward = f", reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}"
     print(f"done: {s['steps']} steps in {s['wall_s']:.1f} s ({s['s_per_step']:.3f} s/step){reward}, "
           f"staleness max {s['observed_max_staleness']} (bound {s['staleness_bound']}), "
-          f"batches trained {s['batches_trained']}/{s['batches_generated']}")
+          f"prompt groups trained {s['groups_trained']}/{s['groups_generated']}")
     print(f"run directory: {result.run_dir}")
     return 0
 

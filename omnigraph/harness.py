@@ -86,6 +86,9 @@ class ActorHarness:
         if kind == "generate":
             record["batch"] = step
             record["weights_version"] = kwargs["weights"].version
+            rollout = next(iter(out.values()), None) if out else None
+            if isinstance(rollout, SampleBatch):
+                record["generated_groups"] = rollout.groups
         record.update(ctx.metrics)
         self.records.append(record)
         missing = set(g.nodes[node].outputs) - set(out or {})
@@ -107,7 +110,8 @@ class ActorHarness:
 
     # -- internals -----------------------------------------------------------
     def _gather(self, e, values: list[Any]) -> Any:
-        if e.state:
+        from .plan import aligned
+        if e.state or aligned(self.plan.graph, e):
             return values[0]
         if all(isinstance(v, SampleBatch) for v in values):
             return SampleBatch.concat(values).shard(self.rank, self.world)
@@ -132,18 +136,17 @@ class ActorHarness:
         if s.on_stale == "drop":
             keep = [i for i in range(len(batch)) if i not in set(over)]
             record["dropped"] = len(over)
-            record["dropped_groups"] = sorted(set(batch.group_ids) - set(_take(batch.group_ids, keep)))
-            return batch.select(keep)
+            kept = batch.select(keep)
+            record["trained_groups"] = kept.groups
+            record["dropped_groups"] = sorted(set(batch.group_ids) - set(kept.group_ids))
+            return kept
         if self.refresh is None:
             raise StalenessError("on_stale: wait needs an executor that can regenerate batches (use executor local)")
         fresh = self.refresh(batch, v)
-        record["regenerated"] = len(batch)
-        record["staleness_mean"] = record["staleness_max"] = 0
+        again = [v - m for m in fresh.min_version]
+        record.update(regenerated=len(batch), staleness_mean=sum(again) / max(len(again), 1),
+                      staleness_max=max(again, default=0))
         return fresh
-
-
-def _take(xs: list, idx: list[int]) -> list:
-    return [xs[i] for i in idx]
 
 
 def _stamp(weights: Any, version: int) -> Weights:

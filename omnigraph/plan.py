@@ -93,6 +93,11 @@ class Plan:
     def tasks_of(self, node: str) -> list[Task]:
         return [t for t in self.tasks if t.op == "run" and t.node == node]
 
+    def producers(self, edge: Edge, rank: int) -> list[Task]:
+        """The producer tasks whose values rank ``rank`` of ``edge.dst`` receives (see :func:`feeds`)."""
+        runs = self.tasks_of(edge.src)
+        return [runs[q] for q in feeds(self.graph, edge, rank)]
+
     def firing(self) -> Firing:
         return Firing(self.graph, self.iterations)
 
@@ -116,14 +121,31 @@ def _ranks(graph: Graph, node: str) -> range:
     return range(1) if n.kind == "sync" else range(graph.spec.pools[n.pool].actors)
 
 
+def aligned(graph: Graph, e: Edge) -> bool:
+    """Rank r of the consumer takes rank r's value: a stream between nodes on the same data-parallel pool."""
+    a, b = graph.nodes[e.src], graph.nodes[e.dst]
+    return not e.state and a.pool == b.pool and "sync" not in (a.kind, b.kind)
+
+
+def feeds(graph: Graph, e: Edge, rank: int) -> list[int]:
+    """Producer ranks that feed consumer rank ``rank``: weights come from rank 0 (identical on every
+    data-parallel rank), aligned streams from the same rank, other streams from every rank (gathered,
+    then re-sharded for the consumer)."""
+    if e.state:
+        return [0]
+    if aligned(graph, e):
+        return [rank]
+    return list(_ranks(graph, e.src))
+
+
 def lower(graph: Graph, staleness: Report, timings: dict[str, float] | None = None) -> Plan:
     runs = {(n, r): Task("run", n, f"{graph.nodes[n].pool}.{r}", r, kind=graph.nodes[n].kind)
             for n in graph.topo for r in _ranks(graph, n)}
     deps: dict[Task, list[Task]] = {t: [] for t in runs.values()}
     channels: list[Channel] = []
     for e in graph.edges:
-        producers = [runs[(e.src, q)] for q in _ranks(graph, e.src)]
         for r in _ranks(graph, e.dst):
+            producers = [runs[(e.src, q)] for q in feeds(graph, e, r)]
             consumer = runs[(e.dst, r)]
             if e.delay == 0:
                 deps[consumer] += producers

@@ -58,7 +58,7 @@ def step_metrics(result: StepResult, elapsed: float, step_s: float) -> dict[str,
         key = f"timing_s/{r['node']}"
         row[key] = max(row.get(key, 0.0), r.get("seconds", 0.0))
         for k, v in r.items():
-            if k in ("node", "actor", "step", "seconds", "t_start", "t_end", "trained_groups", "dropped_groups"):
+            if k in ("node", "actor", "step", "seconds", "t_start", "t_end", "trained_groups", "dropped_groups", "generated_groups"):
                 continue
             if k in ("staleness_max", "version", "weights_version"):
                 row[k] = max(row.get(k, v), v)
@@ -79,8 +79,8 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
     (out / "plan.txt").write_text(str(plan) + "\n")
     ex = make_executor(plan, executor)
     rows: list[dict[str, Any]] = []
-    generated: set[int] = set()
-    trained: list[int] = []
+    generated: list[int] = []     # prompt-group ids, as generated
+    trained: list[int] = []       # prompt-group ids, as trained (dropped groups count as handled)
     t0 = time.perf_counter()
     bar = _Progress(plan, enabled=progress, console=console)
     with open(out / "metrics.jsonl", "w") as f, bar:
@@ -96,10 +96,8 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 for r in result.records:
-                    if r["node"] in _kinds(plan, "generate"):
-                        generated.add(r["step"])
-                    if r["node"] in _kinds(plan, "update"):
-                        trained.append(r["batch"])
+                    generated += r.get("generated_groups", [])
+                    trained += r.get("trained_groups", []) + r.get("dropped_groups", [])
                 bar.advance(row)
         finally:
             ex.stop()
@@ -109,19 +107,15 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
     return RunResult(run_dir=out, steps=len(rows), wall_s=wall, metrics=rows, summary=summary)
 
 
-def _kinds(plan, kind: str) -> set[str]:
-    return {n.name for n in plan.graph.of_kind(kind)}
-
-
 def _summary(plan, rows, generated, trained, wall, out) -> dict[str, Any]:
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
     stale = [r["staleness_max"] for r in rows if "staleness_max" in r]
     return {
         "run_dir": str(out), "steps": len(rows), "iterations": plan.iterations, "wall_s": round(wall, 3),
         "s_per_step": round(wall / max(len(rows), 1), 4),
-        "batches_generated": len(generated), "batches_trained": len(trained),
-        "batches_trained_twice": len(trained) - len(set(trained)),
-        "batches_lost": len(generated - set(trained)),
+        "groups_generated": len(generated), "groups_trained": len(set(trained)),
+        "groups_trained_twice": len(trained) - len(set(trained)),
+        "groups_lost": len(set(generated) - set(trained)),
         "dropped_samples": sum(r.get("dropped", 0) for r in rows),
         "staleness_bound": plan.bound, "observed_max_staleness": max(stale, default=0),
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,

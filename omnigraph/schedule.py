@@ -32,8 +32,12 @@ from .ir import Graph
 
 def fill_depth(graph: Graph) -> dict[str, int]:
     """Per node: the largest sum of stream delays on a path from a source."""
+    import networkx as nx
+    stream = nx.DiGraph()
+    stream.add_nodes_from(graph.nodes)
+    stream.add_edges_from((e.src, e.dst) for e in graph.edges if not e.state)
     depth: dict[str, int] = {}
-    for name in graph.topo:
+    for name in nx.topological_sort(stream):     # every stream edge, delayed ones too
         ins = graph.stream_inputs(name)
         depth[name] = 0 if graph.is_source(name) or not ins else max(depth.get(e.src, 0) + e.delay for e in ins)
     return depth

@@ -161,13 +161,13 @@ def _dst_port(node: Node, dst_port: str | None, src_type: str, where: str, error
 
 def _inputs_connected(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
     connected = {(e.dst, e.dst_port) for e in edges}
-    hint = {"weights": "sync -> generate", "rollout": "generate -> reward", "batch": "reward -> old_logprob"}
     for n in nodes.values():
         for port, typ in n.inputs.items():
             if (n.name, port) not in connected:
-                example = hint.get(port, f"<node> -> {n.name}.{port}")
-                errors.add(f"input '{port}' ({typ}) is not connected", where=f"nodes.{n.name}",
-                           fix=f"add an edge into it, e.g. '{example}'")
+                makers = [m.name for m in nodes.values() if m.name != n.name and typ in m.outputs.values()]
+                fix = (f"add an edge into it from a node with a {typ} output ({', '.join(makers)})" if makers
+                       else f"add a node with a {typ} output and an edge from it to {n.name}.{port}")
+                errors.add(f"input '{port}' ({typ}) is not connected", where=f"nodes.{n.name}", fix=fix)
 
 
 # ---------------------------------------------------------------- structure
@@ -217,6 +217,15 @@ def _zero_delay_order(nodes: dict[str, Node], edges: list[Edge]) -> list[str]:
     g = nx.DiGraph()
     g.add_nodes_from(nodes)
     g.add_edges_from((e.src, e.dst) for e in edges if e.delay == 0)
+    stream = nx.DiGraph((e.src, e.dst) for e in edges if not e.state)
+    try:
+        loop = nx.find_cycle(stream)
+    except nx.NetworkXNoCycle:
+        pass
+    else:
+        names = " -> ".join([u for u, _ in loop] + [loop[0][0]])
+        raise GraphError(f"samples flow in a cycle {names}: a batch would circulate forever", where="edges",
+                         fix="streams (Rollout, Batch) must flow one way; only weights may go back to generate")
     try:
         cycle = nx.find_cycle(g)
     except nx.NetworkXNoCycle:

@@ -55,6 +55,9 @@ def parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line + 1 if mark else None
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        ctx, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if ctx and cmark is not None and cmark.line + 1 != line:
+            problem += f" ({ctx} started on line {cmark.line + 1})"
         fix = "use plain YAML: mappings, lists, strings and numbers (tags like !!python/... are refused)" \
             if "tag" in str(e) or "constructor" in str(e) else "check the indentation and quoting on that line"
         raise GraphError(f"invalid YAML: {problem}", line=line, source=source, fix=fix) from None
@@ -143,7 +146,7 @@ def validate_raw(raw: dict, source: str = "<yaml>", lines: dict[tuple, int] | No
 
 
 def _translate(err: dict, source: str, lines: dict[tuple, int]) -> GraphError:
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+    loc = _clean_loc(err["loc"])
     where = ".".join(str(p) for p in loc) or "(document)"
     line = None
     for n in range(len(loc), -1, -1):
@@ -167,8 +170,14 @@ def _translate(err: dict, source: str, lines: dict[tuple, int]) -> GraphError:
                       fix=_FIXES.get(kind, "see the field's documentation in omnigraph/spec.py"))
 
 
-_UNION_TAGS = {"generate", "reward", "old_logprob", "ref_logprob", "update", "sync", "custom",
-               "function-after[_parse(), EdgeSpec]"}
+def _clean_loc(loc: tuple) -> tuple:
+    """Drop pydantic's union-tag and validator entries: ``nodes.update.update.lr`` -> ``nodes.update.lr``."""
+    from .spec import NODE_KINDS
+    loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
+    if len(loc) > 2 and loc[0] == "nodes" and loc[2] in NODE_KINDS:
+        loc = loc[:2] + loc[3:]
+    return loc
+
 _FIXES = {
     "greater_than": "use a larger value",
     "greater_than_equal": "use a larger value",

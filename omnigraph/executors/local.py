@@ -37,16 +37,14 @@ class LocalExecutor(Executor):
                 if task.op == "run":
                     if task.node not in fired:
                         continue
-                    inputs = {e.index: [out[p][e.src_port] for p in self._producers(e)]
+                    inputs = {e.index: [out[p][e.src_port] for p in plan.producers(e, task.rank)]
                               for e in plan.graph.inputs_of(task.node) if e.delay == 0 and e.src in fired}
                     out[task] = h.run(task.node, t, inputs)
                 elif task.edge.src in fired:
-                    h.stash(task.edge.index, t, [out[p][task.edge.src_port] for p in self._producers(task.edge)])
+                    h.stash(task.edge.index, t,
+                            [out[p][task.edge.src_port] for p in plan.producers(task.edge, task.rank)])
             yield StepResult(step=t, fired=fired,
                              records=[r for h in self.harness.values() for r in h.pop_records()])
-
-    def _producers(self, edge) -> list:
-        return self.plan.tasks_of(edge.src)
 
     def _refresh(self, batch: SampleBatch, version: int) -> SampleBatch:
         """``on_stale: wait``: regenerate the batch's prompts with the trainer's current weights.

@@ -1,0 +1,28 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPHS = ROOT / "graphs"
+FIXTURES = Path(__file__).parent / "graphs"
+
+os.chdir(ROOT)                      # dotted paths like nodes.rewards:digits_match resolve from the repo root
+sys.path.insert(0, str(ROOT))
+
+
+def expectations(path: Path, key: str) -> list[str]:
+    """The ``# key: value`` lines at the top of a fixture."""
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith(f"# {key}:"):
+            out.append(line.split(":", 1)[1].strip())
+    return out
+
+
+@pytest.fixture
+def tmp_runs(tmp_path):
+    return tmp_path / "runs"

@@ -1,0 +1,78 @@
+"""The plan: lowering, task order, printing, prediction."""
+
+import omnigraph as og
+from omnigraph.testing import canonical_spec
+
+ONE_STEP_OFF = """\
+plan canonical-one_step_off: mode one_step_off, sync_every 1, 8 iterations + 1 fill/drain = 9 steps
+nodes:
+  generate       generate[synthetic] on rollout, cost 0.1s
+  reward         reward[synthetic] on rollout, cost 0.1s
+  old_logprob    old_logprob[synthetic] on trainer, cost 0.1s
+  update         update[synthetic] on trainer, cost 0.1s
+  sync           sync[synthetic] on trainer, cost 0.1s
+edges:
+  generate.rollout -> reward.rollout       Rollout  delay 0
+  reward.batch -> old_logprob.batch        Batch    delay 1
+  old_logprob.batch -> update.batch        Batch    delay 0
+  update.weights -> sync.weights           Weights  delay 0
+  sync.weights -> generate.weights         Weights  delay 1
+actors (tasks in order):
+  rollout.0    cpus=1 gpus=0    generate -> reward -> apply sync->generate.weights
+  trainer.0    cpus=1 gpus=0    old_logprob -> update -> export sync -> stash reward->old_logprob.batch
+channels:
+  rollout.0:generate.rollout -> rollout.0:reward.rollout  local
+  rollout.0:reward.batch -> trainer.0:old_logprob.batch  shm, buffer of 1 in trainer.0
+  trainer.0:old_logprob.batch -> trainer.0:update.batch  local
+  trainer.0:update.weights -> trainer.0:sync.weights  local
+  trainer.0:sync.weights -> rollout.0:generate.weights  shm, buffer of 1 in rollout.0
+fill: step 0: generate, reward
+drain: step 8: old_logprob, sync, update
+staleness bound: 1 (max_staleness 1000, on_stale error; reward -> old_logprob delay 1; \
+sync -> generate delay 1; unrolled 8 iterations, hyperperiod 1)
+predicted step: 0.300 s (serial sum 0.500 s, overlap x1.67)
+warnings: none"""
+
+
+def test_print_plan_is_pinned():
+    assert str(og.compile(canonical_spec("one_step_off", cost=0.1, iterations=8))) == ONE_STEP_OFF
+
+
+def test_compute_comes_before_stash_on_the_consumer_actor():
+    plan = og.compile(canonical_spec("one_step_off"))
+    labels = [t.label for t in plan.order["trainer.0"]]
+    assert labels.index("old_logprob") < labels.index("stash reward->old_logprob.batch")
+    assert [t.label for t in plan.order["rollout.0"]][-1] == "apply sync->generate.weights"
+
+
+def test_sync_mode_has_no_stash_and_no_fill():
+    plan = og.compile(canonical_spec("sync"))
+    assert plan.fill == 0 and plan.steps == plan.iterations
+    assert all(t.op == "run" for t in plan.order["trainer.0"])
+
+
+def test_predicted_step_overlaps_only_on_separate_actors():
+    sync = og.compile(canonical_spec("sync", cost=0.1)).prediction
+    off = og.compile(canonical_spec("one_step_off", cost=0.1)).prediction
+    colo = og.compile(canonical_spec("one_step_off", cost=0.1, colocate=True)).prediction
+    assert abs(sync.step_s - 0.5) < 1e-9
+    assert abs(off.step_s - 0.3) < 1e-9
+    assert abs(colo.step_s - 0.5) < 1e-9
+
+
+def test_measured_timings_replace_costs():
+    plan = og.compile(canonical_spec("one_step_off", cost=0.1), timings={"generate": 1.0})
+    assert abs(plan.prediction.step_s - 1.1) < 1e-9   # rollout-bound: generate 1.0 + reward 0.1
+
+
+def test_data_parallel_ranks_are_aligned_within_a_pool():
+    plan = og.compile(canonical_spec("one_step_off"), overrides=["pools.trainer.actors=2", "pools.rollout.actors=2"])
+    pairs = {(c.src.actor, c.dst.actor) for c in plan.channels if c.edge.src == "old_logprob"}
+    assert pairs == {("trainer.0", "trainer.0"), ("trainer.1", "trainer.1")}
+    weights = [c for c in plan.channels if c.edge.dst == "generate"]
+    assert {c.dst.actor for c in weights} == {"rollout.0", "rollout.1"} and {c.src.actor for c in weights} == {"trainer.0"}
+
+
+def test_gpu_pools_get_nccl_channels():
+    plan = og.compile(canonical_spec("one_step_off"), overrides=["pools.trainer.gpus=1", "pools.rollout.gpus=1"])
+    assert {c.transport for c in plan.channels if c.src.actor != c.dst.actor} == {"nccl"}

@@ -1,0 +1,85 @@
+"""Invariants: every fixture under tests/graphs/ validates, or fails with the message users read."""
+
+import re
+
+import pytest
+
+import omnigraph as og
+from omnigraph.errors import GraphError
+from omnigraph.testing import canonical_spec
+
+from conftest import FIXTURES, GRAPHS, expectations
+
+INVALID = sorted((FIXTURES / "invalid").glob("*.yaml"))
+VALID = sorted((FIXTURES / "valid").glob("*.yaml"))
+CLUSTER = {"cpus": 2, "gpus": 0}
+
+
+class TestInvalidGraphs:
+    @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+    def test_fixture_fails_with_its_message(self, path):
+        (expected,) = expectations(path, "expect")
+        with pytest.raises(GraphError) as info:
+            og.compile(path, cluster=CLUSTER)
+        assert re.search(expected, str(info.value)), str(info.value)
+
+    def test_every_error_has_a_fix(self):
+        for path in INVALID:
+            with pytest.raises(GraphError) as info:
+                og.compile(path, cluster=CLUSTER)
+            assert "(fix: " in str(info.value), path.name
+
+    def test_two_update_nodes_are_rejected(self):
+        spec = canonical_spec().model_dump(mode="json")
+        spec["nodes"]["update2"] = {"kind": "update", "pool": "trainer", "backend": "synthetic"}
+        with pytest.raises(GraphError, match="exactly one update node, found 2"):
+            og.compile(og.GraphSpec.model_validate(spec))
+
+    def test_old_logprob_must_share_the_update_pool(self):
+        with pytest.raises(GraphError, match=r"nodes\.old_logprob\.pool: .*set pool: trainer"):
+            og.compile(canonical_spec(), overrides=["nodes.old_logprob.pool=rollout"])
+
+    def test_rate_on_a_stream_consumer_is_rejected(self):
+        spec = canonical_spec().model_dump(mode="json")
+        spec["nodes"]["log"] = {"kind": "custom", "pool": "trainer", "cls": "nodes.synthetic:SyntheticNode",
+                                "inputs": {"batch": "Batch"}, "every": 2}
+        spec["edges"].append("reward -> log")
+        with pytest.raises(GraphError, match=r"nodes\.log\.every: .*batches would be lost"):
+            og.compile(og.GraphSpec.model_validate(spec))
+
+    def test_mini_batch_must_divide_the_batch(self):
+        with pytest.raises(GraphError, match=r"nodes\.update\.mini_batch_size: mini_batch_size 5 does not divide"):
+            og.compile(canonical_spec(), overrides=["nodes.update.mini_batch_size=5"])
+
+    def test_fractional_gpus_above_one(self):
+        with pytest.raises(GraphError, match=r"pools\.trainer\.gpus: 1.5 GPUs per actor"):
+            og.compile(canonical_spec(), overrides=["pools.trainer.gpus=1.5"])
+
+
+class TestValidGraphs:
+    @pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+    def test_fixture_compiles_with_its_bound(self, path):
+        plan = og.compile(path)
+        (bound,) = expectations(path, "expect-bound")
+        assert plan.bound == int(bound)
+        for warning in expectations(path, "expect-warning"):
+            assert any(warning in w for w in plan.warnings), plan.warnings
+
+    @pytest.mark.parametrize("name,bound", [("grpo_sync", 0), ("grpo_one_step_off", 1), ("grpo_async", 2),
+                                            ("synthetic_one_step_off", 1)])
+    def test_shipped_graphs(self, name, bound):
+        assert og.compile(GRAPHS / f"{name}.yaml", cluster=CLUSTER).bound == bound
+
+    def test_mode_sugar_puts_the_delay_where_trainer_work_begins(self):
+        plan = og.compile(GRAPHS / "grpo_one_step_off.yaml")
+        delays = {(e.src, e.dst): e.delay for e in plan.graph.edges}
+        assert delays == {("generate", "reward"): 0, ("reward", "old_logprob"): 1, ("old_logprob", "update"): 0,
+                          ("update", "sync"): 0, ("sync", "generate"): 1}
+
+    def test_reward_on_the_trainer_pool_moves_the_delay_before_it(self):
+        plan = og.compile(canonical_spec(), overrides=["nodes.reward.pool=trainer"])
+        assert [(e.src, e.dst) for e in plan.graph.edges if e.delay and not e.state] == [("generate", "reward")]
+
+    def test_colocation_is_allowed_but_reported(self):
+        plan = og.compile(canonical_spec(colocate=True))
+        assert any("no overlap" in w for w in plan.warnings)
