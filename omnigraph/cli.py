@@ -117,7 +117,7 @@ def cmd_viz(args) -> int:
             f.write(text)
         print(f"wrote {args.output}")
     else:
-        print(text)
+        print(text, end="")
     return 0
 
 

@@ -47,8 +47,11 @@ def node_caption(n: "Node") -> str:
     return n.kind + (f", every {n.every}" if n.every > 1 else "")
 
 
-def edge_caption(e: "Edge", sep: str = ", ") -> str:
-    return e.type + (f"{sep}delay {e.delay}" if e.delay else "")
+def edge_caption(e: "Edge", sep: str = ", ", delay: bool = True) -> str:
+    """``Batch``, ``Batch, delay 1``; ports are named when they are not the type's own name."""
+    default = e.type.lower()
+    ports = "" if e.src_port == e.dst_port == default else f" ({e.src_port} -> {e.dst_port})"
+    return e.type + ports + (f"{sep}delay {e.delay}" if e.delay and delay else "")
 
 
 def is_back_edge(plan: "Plan", e: "Edge") -> bool:
@@ -142,7 +145,7 @@ def to_ascii(plan: "Plan") -> str:
     arrows = [f"{e.src} {'==[delay %d]==>' % e.delay if e.delay else '-->'} {e.dst}" for e in g.edges]
     aw = max((len(a) for a in arrows), default=0)
     out += ["", "edges"]
-    out.extend(f"  {a.ljust(aw)}  {e.type}" for a, e in zip(arrows, g.edges))
+    out.extend(f"  {a.ljust(aw)}  {edge_caption(e, delay=False)}" for a, e in zip(arrows, g.edges))
     out += ["", f"staleness bound: {plan.bound} (max_staleness {s.max_staleness}; "
                 f"{plan.staleness.explanation})"]
     return "\n".join(out) + "\n"

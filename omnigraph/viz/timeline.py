@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 BOX_H = 0.62          # box height, in lanes
 FONT = 8
-TICK = {"apply": ("black", "apply weights (no time)"), "stash": ("#888888", "stash delayed value (no time)")}
+# zero-time tasks: (colour, marker, offset from the lane centre, legend); apply above the box, stash below
+TICK = {"apply": ("black", "v", -(BOX_H / 2 + 0.09), "apply weights (no time)"),
+        "stash": ("#666666", "^", BOX_H / 2 + 0.09, "stash delayed value (no time)")}
 
 
 def box_labels(plan: "Plan", b: "Box") -> list[str]:
@@ -43,7 +45,7 @@ def box_labels(plan: "Plan", b: "Box") -> list[str]:
         if tr is not None:
             return [f"upd b{tr.batch} v{tr.trainer_version}", f"b{tr.batch} v{tr.trainer_version}",
                     f"b{tr.batch}"]
-    return [b.label, b.label[:3]]
+    return [b.label, b.node, b.node[:3]]
 
 
 def timeline_png(plan: "Plan", out: str, dpi: int = 110) -> None:
@@ -60,7 +62,7 @@ def timeline_png(plan: "Plan", out: str, dpi: int = 110) -> None:
     ticks = [b for b in pred.boxes if b.op == "stash"]
     span = max((b.end for b in pred.boxes), default=1.0) or 1.0
     shortest = min((b.end - b.start for b in runs), default=span)
-    width = min(24.0, max(8.0, 0.7 * span / shortest + 1.5))
+    width = min(20.0, max(9.0, 0.8 * span / shortest + 1.5))
     fig, ax = plt.subplots(figsize=(width, 0.75 * len(actors) + 1.9))
     ax.set_xlim(0, span * 1.01)
     ax.set_ylim(len(actors) - 0.5, -0.5)
@@ -77,7 +79,12 @@ def timeline_png(plan: "Plan", out: str, dpi: int = 110) -> None:
                  f"(serial {pred.serial_s:.3g} s), staleness bound {plan.bound}"
                  + (f", sync every {s.sync_every}" if s.sync_every > 1 else ""), fontsize=11)
 
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    handles = [Patch(fc=colour[n], alpha=0.85, label=n) for n in plan.graph.nodes
+               if any(b.node == n for b in runs)]
+    kinds = sorted({_tick_kind(b) for b in ticks})
+    handles += [Line2D([], [], color=TICK[k][0], marker=TICK[k][1], ls="none", label=TICK[k][3]) for k in kinds]
+    legend_rows = -(-len(handles) // 8)
+    fig.tight_layout(rect=(0, (0.1 + 0.25 * legend_rows) / fig.get_figheight(), 1, 1))
     renderer = fig.canvas.get_renderer()
     for b in runs:
         y = lane[b.actor]
@@ -85,19 +92,17 @@ def timeline_png(plan: "Plan", out: str, dpi: int = 110) -> None:
                                fc=colour[b.node], ec="white", lw=1.0, alpha=0.85))
         _fit_text(ax, renderer, (b.start + b.end) / 2, y, b.end - b.start, box_labels(plan, b))
     for b in ticks:
-        c, _ = TICK["apply" if b.label.startswith("apply") else "stash"]
-        y = lane[b.actor]
-        ax.plot([b.start, b.start], [y - BOX_H / 2 - 0.08, y + BOX_H / 2 + 0.08], color=c, lw=1.6,
-                solid_capstyle="butt", zorder=4)
+        c, marker, dy, _ = TICK[_tick_kind(b)]
+        ax.plot([b.start], [lane[b.actor] + dy], marker=marker, color=c, ms=6, ls="none", zorder=4)
 
-    handles = [Patch(fc=colour[n], alpha=0.85, label=n) for n in plan.graph.nodes
-               if any(b.node == n for b in runs)]
-    kinds = {"apply" if b.label.startswith("apply") else "stash" for b in ticks}
-    handles += [Line2D([], [], color=TICK[k][0], lw=1.6, label=TICK[k][1]) for k in sorted(kinds)]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), frameon=False,
                fontsize=9, bbox_to_anchor=(0.5, 0.0))
     fig.savefig(out, dpi=dpi)
     plt.close(fig)
+
+
+def _tick_kind(b: "Box") -> str:
+    return "apply" if b.label.startswith("apply") else "stash"
 
 
 def _fit_text(ax, renderer, x: float, y: float, dur: float, texts: list[str]) -> None:
@@ -107,7 +112,7 @@ def _fit_text(ax, renderer, x: float, y: float, dur: float, texts: list[str]) ->
     room = abs(x1 - x0) - 4
     for t in texts:
         txt = ax.text(x, y, t, ha="center", va="center", fontsize=FONT, color="white",
-                      weight="bold", clip_on=True)
+                      clip_on=True)
         if txt.get_window_extent(renderer).width <= room:
             return
         txt.remove()
