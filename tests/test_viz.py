@@ -7,7 +7,7 @@ from omnigraph.testing import canonical_spec
 from omnigraph.viz import FORMATS, render, timeline
 from omnigraph.viz.png import graph_png
 from omnigraph.viz.text import to_ascii, to_dot, to_mermaid
-from omnigraph.viz.timeline import box_labels, timeline_png
+from omnigraph.viz.gantt import box_labels, timeline_png
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

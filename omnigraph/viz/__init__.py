@@ -74,5 +74,5 @@ def render(plan: "Plan", fmt: str, out: str | None = None) -> str | None:
 
 def timeline(plan: "Plan", out: str) -> None:
     """Write the predicted pipeline of ``plan`` (one lane per actor) as a PNG Gantt chart to ``out``."""
-    from .timeline import timeline_png
+    from .gantt import timeline_png
     timeline_png(plan, out)
