@@ -34,11 +34,18 @@ class GraphError(ValueError):
         fix = f" (fix: {self.fix})" if self.fix else ""
         return f"{loc}{where}{self.message}{fix}"
 
+    def __reduce__(self):
+        return _rebuild_graph_error, (self.message, self.where, self.fix, self.line, self.source)
+
     def located(self, source: str | None, line: int | None) -> "GraphError":
         """The same error, pointing at a file and line."""
         return GraphError(self.message, where=self.where, fix=self.fix,
                           line=line if line is not None else self.line,
                           source=source or self.source)
+
+
+def _rebuild_graph_error(message, where, fix, line, source):
+    return GraphError(message, where=where, fix=fix, line=line, source=source)
 
 
 class GraphErrors(GraphError):
@@ -64,4 +71,17 @@ class NodeFailure(RuntimeError):
         self.iteration = iteration
         self.error = error
         detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.detail = detail
         super().__init__(f"node {node} failed at iteration {iteration}: {detail}")
+
+    def __reduce__(self):
+        return NodeFailure, (self.node, self.iteration, self.detail)
+
+    @classmethod
+    def from_message(cls, message: str) -> "NodeFailure":
+        """Rebuild from ``str(failure)`` (what crosses a process boundary)."""
+        import re
+        m = re.match(r"node (\S+) failed at iteration (-?\d+): (.*)", message, re.S)
+        if not m:
+            return cls("?", -1, message)
+        return cls(m.group(1), int(m.group(2)), m.group(3))

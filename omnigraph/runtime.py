@@ -50,25 +50,66 @@ def new_run_dir(parent: str | Path, name: str) -> Path:
     raise GraphError(f"too many runs named {name} this second in {parent}", where="runtime.run_dir")
 
 
-def step_metrics(result: StepResult, elapsed: float, step_s: float) -> dict[str, Any]:
-    """Fold one step's node records into one metrics row."""
+SKIP = {"node", "actor", "step", "seconds", "t_start", "t_end", "trained_groups", "dropped_groups",
+        "generated_groups", "kind", "wait_s", "wait_for", "weights", "apply_s"}
+
+
+def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -> dict[str, Any]:
+    """Fold one step's records into one metrics row.
+
+    ``timing_s/<node>``: compute seconds (slowest rank); ``timing_s/gen``: how long the
+    trainer waited for samples (~0 when generation is hidden); ``timing_s/update_weights``:
+    export + the rollout's wait for and loading of new weights; ``bubble/<pool>``: the
+    fraction of the step the pool's actors sat idle.
+    """
     row: dict[str, Any] = {"step": result.step, "wall_s": round(elapsed, 6), "step_s": round(step_s, 6),
                            "fired": sorted(result.fired)}
+    busy: dict[str, float] = {}
+    waits: dict[tuple[str, bool], float] = {}
+    applies: dict[str, float] = {}
     for r in result.records:
+        kind = r.get("kind", "run")
+        if kind == "wait":
+            key = (r["actor"], bool(r.get("weights")))
+            waits[key] = waits.get(key, 0.0) + r["wait_s"]
+            continue
+        if kind == "apply":
+            applies[r["actor"]] = applies.get(r["actor"], 0.0) + r["apply_s"]
+            continue
         key = f"timing_s/{r['node']}"
         row[key] = max(row.get(key, 0.0), r.get("seconds", 0.0))
+        busy[r["actor"]] = busy.get(r["actor"], 0.0) + r.get("seconds", 0.0)
         for k, v in r.items():
-            if k in ("node", "actor", "step", "seconds", "t_start", "t_end", "trained_groups", "dropped_groups", "generated_groups"):
+            if k in SKIP:
                 continue
             if k in ("staleness_max", "version", "weights_version"):
                 row[k] = max(row.get(k, v), v)
             elif k in ("dropped", "samples", "regenerated"):
                 row[k] = row.get(k, 0) + v
-            elif k in ("batch",):
+            elif k == "batch":
                 row[f"{r['node']}/batch"] = v
             else:
                 row.setdefault(k, v)
+    if plan is not None:
+        _pipeline_metrics(row, plan, busy, waits, applies, step_s)
     return row
+
+
+def _pipeline_metrics(row, plan, busy, waits, applies, step_s) -> None:
+    trainer = plan.graph.update.pool
+    pool_of = {a: x.pool for a, x in plan.actors.items()}
+    row["timing_s/gen"] = round(max((w for (a, weights), w in waits.items()
+                                     if pool_of[a] == trainer and not weights), default=0.0), 6)
+    rollout = {n.pool for n in plan.graph.of_kind("generate")}
+    export = sum(row.get(f"timing_s/{n.name}", 0.0) for n in plan.graph.of_kind("sync"))
+    receive = max((waits.get((a, True), 0.0) + applies.get(a, 0.0) for a in plan.actors if pool_of[a] in rollout),
+                  default=0.0)
+    row["timing_s/update_weights"] = round(export + receive, 6)
+    if step_s > 0:
+        for pool in dict.fromkeys(pool_of.values()):
+            actors = [a for a in plan.actors if pool_of[a] == pool]
+            mean_busy = sum(busy.get(a, 0.0) for a in actors) / len(actors)
+            row[f"bubble/{pool}"] = round(min(1.0, max(0.0, 1 - mean_busy / step_s)), 4)
 
 
 def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None, progress: bool = True,
@@ -90,7 +131,7 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
             last = time.perf_counter()
             for result in ex.steps():
                 now = time.perf_counter()
-                row = step_metrics(result, now - t0, now - last)
+                row = step_metrics(result, now - t0, now - last, plan)
                 last = now
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")

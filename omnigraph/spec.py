@@ -255,6 +255,10 @@ class RuntimeSpec(Strict):
     """Parent folder of run directories (``runs/<name>-<timestamp>``)."""
     address: str | None = None
     """Join an existing Ray cluster instead of starting a local one."""
+    step_timeout_s: float = Field(300.0, gt=0, le=86_400)
+    """A step that takes longer stops the run, naming the node still running."""
+    channel_mb: float | None = Field(None, gt=0, le=65_536)
+    """Size of each compiled-graph channel buffer (default: estimated from the batch)."""
 
 
 class GraphSpec(Strict):

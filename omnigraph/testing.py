@@ -13,15 +13,17 @@ from .spec import GraphSpec
 
 def canonical_spec(mode: str = "one_step_off", *, sync_every: int = 1, ahead: int | None = None,
                    iterations: int = 8, max_staleness: int = 1_000, cost: float | None = None,
-                   colocate: bool = False, **schedule: Any) -> GraphSpec:
+                   colocate: bool = False, cost_mode: str = "wait", costs: dict[str, float] | None = None,
+                   **schedule: Any) -> GraphSpec:
     """generate -> reward -> old_logprob -> update -> sync -> generate, synthetic nodes."""
     rollout, trainer = ("trainer", "trainer") if colocate else ("rollout", "trainer")
-    node = {"backend": "synthetic", **({"cost": cost} if cost is not None else {})}
+    node = {"backend": "synthetic", "cost_mode": cost_mode, **({"cost": cost} if cost is not None else {})}
+    costs = costs or {}
     sched = {"mode": mode, "sync_every": sync_every, "iterations": iterations,
              "max_staleness": max_staleness, **schedule}
     if ahead is not None:
         sched["ahead"] = ahead
-    return GraphSpec.model_validate({
+    spec = GraphSpec.model_validate({
         "name": f"canonical-{mode}",
         "pools": {rollout: {"actors": 1, "cpus": 1}, trainer: {"actors": 1, "cpus": 1}},
         "nodes": {
@@ -36,6 +38,9 @@ def canonical_spec(mode: str = "one_step_off", *, sync_every: int = 1, ahead: in
         "schedule": sched,
         "runtime": {"executor": "local"},
     })
+    for name, c in costs.items():
+        spec.nodes[name].cost = c
+    return spec
 
 
 def canonical_graph(mode: str = "one_step_off", **kw: Any):

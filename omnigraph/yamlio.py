@@ -87,6 +87,8 @@ def _depth(x: Any, d: int = 0) -> int:
 
 
 def _index_lines(node: yaml.Node, path: tuple, out: dict[tuple, int]) -> None:
+    if len(path) > MAX_DEPTH:       # deep, or a recursive alias such as &a [*a]
+        return
     out.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:

@@ -48,12 +48,10 @@ def make_executor(plan, name: str | None = None, **options: Any) -> Executor:
         from .local import LocalExecutor
         return LocalExecutor(plan, **options)
     if name in ("ray", "ray-tasks"):
-        try:
-            from .ray_compiled import RayCompiledExecutor, RayTasksExecutor
-        except ImportError as e:
-            from ..errors import GraphError
-            raise GraphError(f"executor '{name}' is not available: {e}", where="runtime.executor",
-                             fix="use runtime.executor=local") from None
-        return (RayCompiledExecutor if name == "ray" else RayTasksExecutor)(plan, **options)
+        if name == "ray":
+            from .ray_compiled import RayCompiledExecutor
+            return RayCompiledExecutor(plan, **options)
+        from .ray_tasks import RayTasksExecutor
+        return RayTasksExecutor(plan, **options)
     from ..errors import GraphError
     raise GraphError(f"unknown executor '{name}'", where="runtime.executor", fix="use ray, ray-tasks or local")

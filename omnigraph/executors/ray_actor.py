@@ -1,0 +1,121 @@
+"""The actor every Ray executor starts: one per plan actor, hosting an ActorHarness.
+
+``exec(inp, op_id, chain, *values)`` runs one operation of the program
+(:mod:`omnigraph.executors.program`) for the step in ``inp = (step, fired)``.
+A node that raises does not raise through Ray: the operation returns a
+:class:`Failed` value that every later operation passes on, so all signals
+are still sent, the driver gets one clear failure, and the graph stays
+usable until it is torn down.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import NodeFailure
+
+
+@dataclass(frozen=True)
+class Failed:
+    node: str
+    step: int
+    message: str
+
+
+class GraphActor:
+    def __init__(self, plan, actor: str, ops, signal_dir: str | None, wait_timeout: float):
+        self.actor = actor
+        self.ops = ops
+        self.wait_timeout = wait_timeout
+        self.current: tuple[str, int, float] | None = None
+        self.signals = None
+        if signal_dir:
+            from .signals import Signals
+            self.signals = Signals(signal_dir)
+        self.init_error: str | None = None
+        self.waits: list[dict[str, Any]] = []
+        try:
+            from ..harness import ActorHarness
+            self.harness = ActorHarness(plan, actor)
+        except NodeFailure as e:                 # reported by ready(), with the node's name
+            self.init_error = str(e)
+
+    # -- classic calls (before the graph starts, or concurrently with it) ----
+    def ready(self) -> dict[str, Any]:
+        import ray
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "error": self.init_error}
+
+    def status(self) -> tuple[str, int, float] | None:
+        """What this actor is doing now: (operation, step, seconds so far), or None when idle."""
+        if self.current is None:
+            return None
+        label, step, t0 = self.current
+        return label, step, time.perf_counter() - t0
+
+    def cpu_times(self) -> tuple[float, float]:
+        t = os.times()
+        return t.user, t.system
+
+    # -- the compiled (or called) program ------------------------------------
+    def exec(self, inp, op_id: int, chain: Any, *values: Any) -> Any:
+        step, fired = inp
+        op = self.ops[op_id]
+        failed = next((v for v in (chain, *values) if isinstance(v, Failed)), None)
+        self.current = (op.label, step, time.perf_counter())
+        try:
+            if op.kind == "wait":
+                return self._wait(op, step) or failed
+            if op.kind == "collect":
+                return self._collect(failed)
+            if failed is not None:
+                return failed
+            return self._compute(op, step, fired, values)
+        except NodeFailure as e:
+            return Failed(e.node, e.iteration, str(e))
+        except Exception as e:  # noqa: BLE001 - a bug outside a node still must not hang the graph
+            node = op.task.node if op.task else op.kind
+            return Failed(node, step, f"node {node} failed at iteration {step}: {type(e).__name__}: {e}")
+        finally:
+            self.current = None
+            if self.signals is not None:
+                for name in op.signals:
+                    self.signals.signal(name)
+
+    def _compute(self, op, step: int, fired, values) -> Any:
+        task = op.task
+        graph = self.harness.plan.graph
+        if op.kind == "run":
+            if task.node not in fired:
+                return None
+            inputs, k = {}, 0
+            for edge, port, n in op.inputs:
+                if graph.edges[edge].src in fired:
+                    inputs[edge] = [v[port] for v in values[k:k + n]]
+                k += n
+            return self.harness.run(task.node, step, inputs)
+        edge, port, n = op.inputs[0]
+        if graph.edges[edge].src in fired:
+            t0 = time.perf_counter()
+            self.harness.stash(edge, step, [v[port] for v in values])
+            if graph.edges[edge].state:
+                self.harness.records.append({"node": task.node, "actor": self.actor, "step": step, "kind": "apply",
+                                             "apply_s": time.perf_counter() - t0})
+        return None
+
+    def _wait(self, op, step: int) -> None:
+        t0 = time.perf_counter()
+        if self.signals is not None:
+            self.signals.wait_all(list(op.waits), self.wait_timeout)
+        state = op.task.edge.state if op.task.op == "stash" else False
+        self.waits.append({"node": op.task.node, "actor": self.actor, "step": step, "kind": "wait",
+                           "wait_s": time.perf_counter() - t0, "wait_for": op.task.label, "weights": state})
+        return None
+
+    def _collect(self, failed: Failed | None) -> dict[str, Any]:
+        records = self.harness.pop_records() + self.waits
+        self.waits = []
+        return {"actor": self.actor, "records": records, "failed": failed}

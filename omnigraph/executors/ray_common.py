@@ -1,0 +1,125 @@
+"""What both Ray executors share: starting Ray and the actors, failures, teardown."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import GraphError, NodeFailure
+from .base import Executor, StepResult
+from .program import Op, program
+
+MIN_BUFFER = 1 << 20
+START_TIMEOUT_S = 600.0
+
+
+def channel_bytes(plan) -> int:
+    """Size of each compiled-graph channel buffer: a channel that must grow later makes teardown hang."""
+    spec = plan.graph.spec
+    samples = spec.task.prompts * spec.task.samples_per_prompt
+    tokens = max((getattr(n.spec, "max_new_tokens", 0) for n in plan.graph.nodes.values()), default=0) + 64
+    per_sample = tokens * 8 * 6 + 2048          # ids, masks, logprobs... as int64/float, plus texts
+    est = samples * per_sample
+    if spec.runtime.channel_mb:
+        est = int(spec.runtime.channel_mb * (1 << 20))
+    return max(MIN_BUFFER, 1 << (est - 1).bit_length())
+
+
+class RayExecutor(Executor):
+    """Starts Ray (unless it runs already) and one GraphActor per plan actor."""
+
+    uses_waits = False
+
+    def start(self) -> None:
+        import ray
+
+        spec = self.plan.graph.spec
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            ray.init(address=spec.runtime.address or "local", include_dashboard=False, logging_level="ERROR",
+                     log_to_driver=True, configure_logging=False)
+        self.timeout = float(spec.runtime.step_timeout_s)
+        self.signals = None
+        # pipes work between processes of one host: on a cluster (--address) Ray's own waiting is used
+        waits = self.uses_waits and not spec.runtime.address
+        self.ops: list[Op] = program(self.plan, waits=waits)
+        if waits:
+            from .signals import Signals, signal_dir
+            from .program import pipe_names
+            self.signals = Signals(signal_dir())
+            self.signals.create(pipe_names(self.ops))
+        self.actors = self._start_actors()
+        self.info = self._ready()
+
+    def _start_actors(self) -> dict[str, Any]:
+        import ray
+        from .ray_actor import GraphActor
+
+        # one call at a time keeps the plan's order; status() runs beside it in its own group
+        remote = ray.remote(concurrency_groups={"control": 1})(GraphActor)
+        env = {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan)),
+               "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
+        actors = {}
+        for name, a in self.plan.actors.items():
+            actors[name] = remote.options(
+                num_cpus=a.cpus, num_gpus=a.gpus,
+                runtime_env={"env_vars": env}).remote(
+                self.plan, name, self.ops, self.signals.dir if self.signals else None, self.timeout)
+        return actors
+
+    def _ready(self) -> dict[str, dict[str, Any]]:
+        import ray
+        refs = {name: a.ready.remote() for name, a in self.actors.items()}
+        try:
+            info = dict(zip(refs, ray.get(list(refs.values()), timeout=START_TIMEOUT_S)))
+        except ray.exceptions.GetTimeoutError:
+            raise GraphError(f"the actors did not start within {START_TIMEOUT_S:.0f} s",
+                             fix="check that the pools' cpus/gpus fit the cluster (ray status)") from None
+        for name, i in info.items():
+            if i["error"]:
+                raise NodeFailure.from_message(i["error"])
+        return info
+
+    def pids(self) -> dict[str, int]:
+        return {name: i["pid"] for name, i in self.info.items()}
+
+    def raise_failure(self, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            f = r.get("failed")
+            if f is not None:
+                raise NodeFailure.from_message(f.message)
+
+    def hung(self, step: int) -> NodeFailure:
+        """The failure to report when a step did not finish in time: the node still running."""
+        import ray
+        stuck = []
+        for name, a in self.actors.items():
+            try:
+                s = ray.get(a.status.options(concurrency_group="control").remote(), timeout=5)
+            except Exception:  # noqa: BLE001 - a dead actor says nothing
+                s = ("(actor not responding)", step, self.timeout)
+            if s and not s[0].startswith("wait"):
+                stuck.append(s)
+        label, at, _ = max(stuck, key=lambda s: s[2]) if stuck else ("(unknown)", step, 0)
+        node = label.split(" ")[-1]
+        return NodeFailure(node, at, f"did not finish within runtime.step_timeout_s = {self.timeout:g} s")
+
+    def result(self, step: int, fired, results: list[dict[str, Any]]) -> StepResult:
+        self.raise_failure(results)
+        return StepResult(step=step, fired=fired, records=[r for x in results for r in x["records"]])
+
+    def stop(self) -> None:
+        import ray
+        for a in getattr(self, "actors", {}).values():
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.actors = {}
+        if self.signals is not None:
+            self.signals.remove()
+            self.signals = None
+        if getattr(self, "_owns_ray", False) and ray.is_initialized():
+            ray.shutdown()
+            self._owns_ray = False
+

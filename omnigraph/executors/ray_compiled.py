@@ -1,0 +1,104 @@
+"""The ``ray`` executor: the plan compiled into one Ray Compiled Graph.
+
+One execution of the compiled graph is one step. Lowering (DESIGN.md):
+
+- each operation of the program becomes ``actor.exec.bind(inp, op_id, chain, *producers)``;
+  ``chain`` (the previous operation on the same actor) pins each actor's order;
+- a value between actors travels in a compiled-graph channel (shared memory on one
+  host, ``with_tensor_transport("nccl")`` between GPU actors);
+- delayed edges are the harness's buffers: ``stash`` runs after the consumer's ``run``;
+- each actor's ``collect`` is an output of the graph.
+
+The driver keeps two executions in flight, so step ``t + 1`` is submitted while
+step ``t`` runs, and sleeps on the actors' signals instead of spinning in ``get``.
+Compiled Graphs' submit/get timeouts come from ``runtime.step_timeout_s``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Iterator
+
+from .base import StepResult
+from .ray_common import RayExecutor
+
+IN_FLIGHT = 2
+
+
+class RayCompiledExecutor(RayExecutor):
+    name = "ray"
+    uses_waits = True
+
+    def start(self) -> None:
+        super().start()
+        self.compiled = None
+        self.compiled = self._compile()
+
+    def _compile(self):
+        from ray.dag import InputNode, MultiOutputNode
+
+        outs: dict[int, Any] = {}
+        last: dict[str, Any] = {}
+        transports = self._transports()
+        with InputNode() as inp:
+            for op in self.ops:
+                actor = self.actors[op.actor]
+                chain = last.get(op.actor, inp)
+                node = actor.exec.bind(inp, op.id, chain, *(outs[p] for p in op.producers))
+                if op.id in transports:
+                    node = node.with_tensor_transport(transport=transports[op.id])
+                outs[op.id] = last[op.actor] = node
+            dag = MultiOutputNode([outs[op.id] for op in self.ops if op.kind == "collect"])
+        return dag.experimental_compile(_submit_timeout=self.timeout, _max_inflight_executions=IN_FLIGHT + 1)
+
+    def _transports(self) -> dict[int, str]:
+        """Ops whose output crosses to another actor: hint tensors (shm on CPU, nccl between GPUs)."""
+        by_task = {op.task: op.id for op in self.ops if op.kind == "run"}
+        out: dict[int, str] = {}
+        for c in self.plan.channels:
+            if c.transport == "local" or c.src not in by_task:
+                continue
+            op = by_task[c.src]
+            out[op] = "nccl" if c.transport == "nccl" or out.get(op) == "nccl" else "auto"
+        return out
+
+    def steps(self, start: int = 0) -> Iterator[StepResult]:
+        firing = self.plan.firing()
+        pending: deque[tuple[int, frozenset, Any]] = deque()
+        for t in range(self.plan.steps):
+            fired = firing.next()
+            if t < start:
+                continue
+            pending.append((t, fired, self.compiled.execute((t, tuple(sorted(fired))))))
+            if len(pending) >= IN_FLIGHT:
+                yield self._finish(*pending.popleft())
+        while pending:
+            yield self._finish(*pending.popleft())
+
+    def _finish(self, t: int, fired: frozenset, ref) -> StepResult:
+        from ray.exceptions import RayChannelTimeoutError
+        if self.signals is not None:
+            if self.signals.wait_all([f"done-{a}" for a in self.actors], self.timeout):
+                raise self.hung(t)
+        try:
+            results = [r.get(timeout=self.timeout) for r in ref]
+        except RayChannelTimeoutError:
+            raise self.hung(t) from None
+        return self.result(t, fired, results)
+
+    def stop(self) -> None:
+        compiled, self.compiled = getattr(self, "compiled", None), None
+        if compiled is not None:
+            import threading
+            # teardown() waits for a hung node: give it a few seconds, then kill the actors anyway
+            th = threading.Thread(target=_quiet_teardown, args=(compiled,), daemon=True)
+            th.start()
+            th.join(timeout=5)
+        super().stop()
+
+
+def _quiet_teardown(compiled) -> None:
+    try:
+        compiled.teardown()
+    except Exception:  # noqa: BLE001 - teardown errors never hide the original error
+        pass
