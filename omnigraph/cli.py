@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted: stopped and cleaned up", file=sys.stderr)
-        return 130
+        print("error: interrupted: the graph was torn down and its actors stopped", file=sys.stderr)
+        return 1
 
 
 def _compile(args, extra: list[str] = (), cluster: dict[str, float] | None = None):
@@ -139,7 +139,7 @@ def cmd_run(args) -> int:
     reward = ""
     if s.get("reward_first") is not None:
         reward = f", reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}"
-    print(f"done: {s['steps']} steps in {s['wall_s']:.1f} s ({s['s_per_step']:.3f} s/step){reward}, "
+    print(f"done: {s['steps']} steps in {s['wall_s']:.1f} s ({s['s_per_step']:.3f} s/step in steady state){reward}, "
           f"staleness max {s['observed_max_staleness']} (bound {s['staleness_bound']}), "
           f"prompt groups trained {s['groups_trained']}/{s['groups_generated']}")
     print(f"run directory: {result.run_dir}")

@@ -15,6 +15,7 @@ staleness and outputs on every executor.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
@@ -34,6 +35,7 @@ class ActorHarness:
         self.seed = plan.graph.spec.runtime.seed if seed is None else seed
         self.state = ActorState()
         self.records: list[dict[str, Any]] = []
+        self.faults = parse_faults(os.environ.get("OMNIGRAPH_INJECT", ""))
         self.refresh: Callable[[SampleBatch, int], SampleBatch] | None = None
         """Set by executors that support ``on_stale: wait``: regenerate a batch with fresh weights."""
         g = plan.graph
@@ -74,6 +76,8 @@ class ActorHarness:
             kwargs["batch"] = self._check_staleness(kwargs["batch"], step, record)
         t0 = time.perf_counter()
         try:
+            if (node, step) in self.faults:
+                inject(self.faults[(node, step)], node, step)
             out = self.nodes[node](step, **kwargs)
         except Exception as e:  # noqa: BLE001 - re-raised with the node and step
             raise NodeFailure(node, step, e) from e
@@ -154,3 +158,26 @@ def _stamp(weights: Any, version: int) -> Weights:
         weights.version = version
         return weights
     return Weights(version=version)
+
+
+def parse_faults(text: str) -> dict[tuple[str, int], str]:
+    """``OMNIGRAPH_INJECT="update@2:raise,generate@5:exit"`` -> {(node, step): action}.
+
+    Fault injection for tests and ``bench/faults.py``: ``raise`` (the node raises),
+    ``hang`` (it never returns), ``exit`` (its process dies at once, like ``kill -9``).
+    """
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        where, _, action = item.partition(":")
+        node, _, step = where.partition("@")
+        out[(node, int(step))] = action or "raise"
+    return out
+
+
+def inject(action: str, node: str, step: int) -> None:
+    if action == "hang":
+        while True:
+            time.sleep(3600)
+    if action == "exit":
+        os._exit(137)
+    raise RuntimeError(f"injected fault in {node} at step {step}")

@@ -125,8 +125,9 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
     t0 = time.perf_counter()
     bar = _Progress(plan, enabled=progress, console=console)
     with open(out / "metrics.jsonl", "w") as f, bar:
-        bar.status("starting actors")
+        bar.status(f"starting {ex.name} executor: actors, models")
         ex.start()
+        bar.status("first step")
         try:
             last = time.perf_counter()
             for result in ex.steps():
@@ -150,10 +151,12 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
 
 def _summary(plan, rows, generated, trained, wall, out) -> dict[str, Any]:
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
+    steady = sorted(r["step_s"] for r in rows[plan.fill + 1: len(rows) - plan.fill] or rows[1:] or rows)
     stale = [r["staleness_max"] for r in rows if "staleness_max" in r]
     return {
         "run_dir": str(out), "steps": len(rows), "iterations": plan.iterations, "wall_s": round(wall, 3),
-        "s_per_step": round(wall / max(len(rows), 1), 4),
+        "s_per_step": round(steady[len(steady) // 2], 4) if steady else None,
+        "startup_s": round(rows[0]["wall_s"] - rows[0]["step_s"], 3) if rows else None,
         "groups_generated": len(generated), "groups_trained": len(set(trained)),
         "groups_trained_twice": len(trained) - len(set(trained)),
         "groups_lost": len(set(generated) - set(trained)),

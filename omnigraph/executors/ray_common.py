@@ -41,7 +41,7 @@ class RayExecutor(Executor):
         self.timeout = float(spec.runtime.step_timeout_s)
         self.signals = None
         # pipes work between processes of one host: on a cluster (--address) Ray's own waiting is used
-        waits = self.uses_waits and not spec.runtime.address
+        waits = self.uses_waits and self.options.get("waits", True) and not spec.runtime.address
         self.ops: list[Op] = program(self.plan, waits=waits)
         if waits:
             from .signals import Signals, signal_dir
@@ -57,7 +57,8 @@ class RayExecutor(Executor):
 
         # one call at a time keeps the plan's order; status() runs beside it in its own group
         remote = ray.remote(concurrency_groups={"control": 1})(GraphActor)
-        env = {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan)),
+        env = {k: v for k, v in os.environ.items() if k.startswith("OMNIGRAPH_")}
+        env |= {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan)),
                "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
         actors = {}
         for name, a in self.plan.actors.items():
@@ -100,6 +101,7 @@ class RayExecutor(Executor):
                 s = ("(actor not responding)", step, self.timeout)
             if s and not s[0].startswith("wait"):
                 stuck.append(s)
+        self.hang_seen = True       # stop() kills the actors before tearing the graph down
         label, at, _ = max(stuck, key=lambda s: s[2]) if stuck else ("(unknown)", step, 0)
         node = label.split(" ")[-1]
         return NodeFailure(node, at, f"did not finish within runtime.step_timeout_s = {self.timeout:g} s")
@@ -108,7 +110,7 @@ class RayExecutor(Executor):
         self.raise_failure(results)
         return StepResult(step=step, fired=fired, records=[r for x in results for r in x["records"]])
 
-    def stop(self) -> None:
+    def kill_actors(self) -> None:
         import ray
         for a in getattr(self, "actors", {}).values():
             try:
@@ -116,6 +118,10 @@ class RayExecutor(Executor):
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.actors = {}
+
+    def stop(self) -> None:
+        import ray
+        self.kill_actors()
         if self.signals is not None:
             self.signals.remove()
             self.signals = None

@@ -88,6 +88,8 @@ class RayCompiledExecutor(RayExecutor):
 
     def stop(self) -> None:
         compiled, self.compiled = getattr(self, "compiled", None), None
+        if getattr(self, "hang_seen", False):
+            self.kill_actors()      # a hung node would hold teardown() for its whole timeout
         if compiled is not None:
             import threading
             # teardown() waits for a hung node: give it a few seconds, then kill the actors anyway
@@ -98,7 +100,13 @@ class RayCompiledExecutor(RayExecutor):
 
 
 def _quiet_teardown(compiled) -> None:
+    """Teardown whose complaints (e.g. about actors we already killed) never bury the real error."""
+    import logging
+    logger = logging.getLogger("ray.dag.compiled_dag_node")
+    level, logger.level = logger.level, logging.CRITICAL
     try:
         compiled.teardown()
     except Exception:  # noqa: BLE001 - teardown errors never hide the original error
         pass
+    finally:
+        logger.setLevel(level)

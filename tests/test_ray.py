@@ -1,0 +1,140 @@
+"""The Ray executors: the same results as the local executor, and clean failures.
+
+Ray starts once per session for the in-process tests; the failure tests run
+the real ``omnigraph`` command in a subprocess and check that it leaves no
+process behind.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import omnigraph as og
+from omnigraph.executors.base import make_executor
+from omnigraph.testing import canonical_spec
+
+from conftest import GRAPHS, ROOT
+from test_properties import graphs
+
+pytestmark = pytest.mark.slow
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+EXE = str(Path(sys.executable).parent / "omnigraph")
+COMPARED = ("batch", "staleness_max", "staleness_mean", "version", "weights_version", "reward_mean",
+            "trained_groups", "generated_groups", "loss", "dropped")
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def trace(plan, executor):
+    """Every node run's outcome, keyed by (node, actor, step): what must not depend on the executor."""
+    ex = make_executor(plan, executor)
+    ex.start()
+    try:
+        out = {}
+        for step in ex.steps():
+            for r in step.records:
+                if r.get("kind", "run") == "run":
+                    out[(r["node"], r["actor"], r["step"])] = {k: r[k] for k in COMPARED if k in r}
+        return out
+    finally:
+        ex.stop()
+
+
+@settings(deadline=None, max_examples=5, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(graphs())
+def test_local_ray_and_ray_tasks_give_identical_versions_staleness_and_outputs(ray_session, raw):
+    """The same plan on every executor: the same per-batch versions, staleness and outputs."""
+    raw["schedule"]["iterations"] = min(raw["schedule"]["iterations"], 6)
+    raw["pools"] = {p: {**v, "cpus": 0.25} for p, v in raw["pools"].items()}
+    plan = og.compile(og.GraphSpec.model_validate(raw))
+    local = trace(plan, "local")
+    assert trace(plan, "ray") == local
+    assert trace(plan, "ray-tasks") == local
+
+
+def test_compiled_one_step_off_overlaps_generation_with_training(ray_session):
+    costs = {"generate": 0.3, "reward": 0.0, "old_logprob": 0.05, "update": 0.2, "sync": 0.0}
+    times = {}
+    for mode in ("sync", "one_step_off"):
+        plan = og.compile(canonical_spec(mode, iterations=6, costs=costs))
+        ex = make_executor(plan, "ray")
+        ex.start()
+        stamps = [time.perf_counter() for _ in ex.steps()]
+        ex.stop()
+        steady = stamps[plan.fill + 1: len(stamps) - plan.fill]
+        times[mode] = (steady[-1] - steady[0]) / (len(steady) - 1)
+    assert times["sync"] == pytest.approx(0.55, rel=0.15)
+    assert times["one_step_off"] == pytest.approx(0.30, rel=0.15)
+
+
+def run_cli(args, env_extra=None, interrupt_after=None, timeout=120):
+    """Run ``omnigraph``; return (code, stderr, the descendants it had that are still alive)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env_extra or {})}
+    p = subprocess.Popen([EXE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    start = time.monotonic()
+    proc = psutil.Process(p.pid)
+    while p.poll() is None and time.monotonic() - start < timeout:
+        try:
+            seen |= {c.pid for c in proc.children(recursive=True)}
+        except psutil.Error:
+            pass
+        if interrupt_after and time.monotonic() - start > interrupt_after:
+            p.send_signal(signal.SIGINT)
+            interrupt_after = None
+        time.sleep(0.2)
+    out, err = p.communicate(timeout=60)
+    deadline = time.monotonic() + 15
+    alive = [pid for pid in seen if psutil.pid_exists(pid)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    return p.returncode, err, alive, seen
+
+
+SYNTH = str(GRAPHS / "synthetic_one_step_off.yaml")
+
+
+@pytest.mark.parametrize("node", ["generate", "reward", "old_logprob", "update", "sync"])
+def test_an_exception_in_each_node_kind_stops_with_one_message(node, tmp_path):
+    code, err, alive, seen = run_cli(["run", SYNTH, "schedule.iterations=4", "--quiet", "--run-dir", str(tmp_path)],
+                                     {"OMNIGRAPH_INJECT": f"{node}@2:raise"})
+    assert code == 1
+    assert err.strip().splitlines()[-1] == \
+        f"error: node {node} failed at iteration 2: RuntimeError: injected fault in {node} at step 2"
+    assert "Traceback" not in err
+    assert seen and not alive, f"left behind: {alive}"
+
+
+def test_a_hanging_node_is_reported_after_its_timeout(tmp_path):
+    t0 = time.monotonic()
+    code, err, alive, _ = run_cli(["run", SYNTH, "runtime.step_timeout_s=3", "--quiet", "--run-dir", str(tmp_path)],
+                                  {"OMNIGRAPH_INJECT": "update@2:hang"})
+    assert code == 1
+    assert "error: node update failed at iteration 2: did not finish within runtime.step_timeout_s = 3 s" in err
+    assert "Traceback" not in err and not alive
+    assert time.monotonic() - t0 < 60
+
+
+def test_ctrl_c_tears_down_cleanly(tmp_path):
+    code, err, alive, seen = run_cli(["run", SYNTH, "schedule.iterations=200", "--quiet", "--run-dir", str(tmp_path)],
+                                     interrupt_after=12)
+    assert code == 1
+    assert "error: interrupted: the graph was torn down" in err and "Traceback" not in err
+    assert seen and not alive, f"left behind: {alive}"
+    (run_dir,) = tmp_path.iterdir()
+    assert (run_dir / "metrics.jsonl").read_text().count("\n") >= 1
