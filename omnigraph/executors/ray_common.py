@@ -48,8 +48,19 @@ class RayExecutor(Executor):
             from .program import pipe_names
             self.signals = Signals(signal_dir())
             self.signals.create(pipe_names(self.ops))
+        self._check_resources()
         self.actors = self._start_actors()
         self.info = self._ready()
+
+    def _check_resources(self) -> None:
+        """Fail at once, not after a long wait, when the pools cannot all be placed."""
+        import ray
+        free = ray.available_resources()
+        for res, key in (("cpus", "CPU"), ("gpus", "GPU")):
+            want = sum(getattr(a, res) for a in self.plan.actors.values())
+            if want > free.get(key, 0.0) + 1e-9:
+                raise GraphError(f"the pools ask for {want:g} {res} but the Ray cluster has {free.get(key, 0.0):g} free",
+                                 where="pools", fix=f"lower pools.*.{res} or actors, or join a larger cluster (--address)")
 
     def _start_actors(self) -> dict[str, Any]:
         import ray
