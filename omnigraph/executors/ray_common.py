@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from ..errors import GraphError, NodeFailure
@@ -55,11 +56,18 @@ class RayExecutor(Executor):
     def _check_resources(self) -> None:
         """Fail at once, not after a long wait, when the pools cannot all be placed."""
         import ray
-        free = ray.available_resources()
+        want = {key: sum(getattr(a, res) for a in self.plan.actors.values()) for res, key in (("cpus", "CPU"),
+                                                                                             ("gpus", "GPU"))}
+        deadline = time.monotonic() + 20      # actors killed a moment ago free their resources soon
+        while True:
+            free = ray.available_resources()
+            if all(w <= free.get(k, 0.0) + 1e-9 for k, w in want.items()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         for res, key in (("cpus", "CPU"), ("gpus", "GPU")):
-            want = sum(getattr(a, res) for a in self.plan.actors.values())
-            if want > free.get(key, 0.0) + 1e-9:
-                raise GraphError(f"the pools ask for {want:g} {res} but the Ray cluster has {free.get(key, 0.0):g} free",
+            if want[key] > free.get(key, 0.0) + 1e-9:
+                raise GraphError(f"the pools ask for {want[key]:g} {res} but the Ray cluster has "
+                                 f"{free.get(key, 0.0):g} free",
                                  where="pools", fix=f"lower pools.*.{res} or actors, or join a larger cluster (--address)")
 
     def _start_actors(self) -> dict[str, Any]:
