@@ -26,9 +26,9 @@ from pathlib import Path
 
 ALPHABET = list("0123456789abcdefghijklmnopqrstuvwxyz :=+-*,.?!\n")
 SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
-TINY = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 128}
-WARM = {"steps": 400, "batch": 64, "lr": 3e-3, "p_right": 0.15}
+WARM = {"steps_right": 800, "steps_noisy": 20, "batch": 64, "lr": 3e-3, "lr_noisy": 3e-4, "p_right": 0.1}
 VERSION = 1
 ALIASES = ("tiny",)
 
@@ -109,27 +109,34 @@ def build_tiny(target: Path, seed: int, log=print) -> None:
 
 
 def _warm_start(model, tok, task, seed: int) -> None:
-    """Language modelling on the prompt format with mostly-wrong answers (see the module docstring)."""
+    """Two phases of language modelling on the prompt format (see the module docstring):
+    right answers teach the format and how to copy; then mostly-wrong answers make copying rare."""
     import torch
 
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=WARM["lr"], weight_decay=0.0)
     model.train()
-    for step in range(WARM["steps"]):
-        texts = []
-        for p in task.batch(step):
-            target = p.meta["target"]
-            answer = target if rng.random() < WARM["p_right"] else \
-                "".join(rng.choice("0123456789") for _ in range(rng.randint(3, 4)))
-            texts.append(f"{p.text} {answer}")
-        enc = tok([tok.bos_token + t + tok.eos_token for t in texts], return_tensors="pt", padding=True,
-                  add_special_tokens=False)
-        labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
-        loss = model(**enc, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    phases = [(WARM["steps_right"], 1.0, WARM["lr"]), (WARM["steps_noisy"], WARM["p_right"], WARM["lr_noisy"])]
+    step = 0
+    for n, p_right, lr in phases:
+        for group in opt.param_groups:
+            group["lr"] = lr
+        for _ in range(n):
+            texts = []
+            for p in task.batch(step):
+                target = p.meta["target"]
+                answer = target if rng.random() < p_right else \
+                    "".join(rng.choice("0123456789") for _ in range(rng.randint(3, 4)))
+                texts.append(f"{p.text} {answer}")
+            enc = tok([tok.bos_token + t + tok.eos_token for t in texts], return_tensors="pt", padding=True,
+                      add_special_tokens=False)
+            labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
+            loss = model(**enc, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
     model.eval()
 
 

@@ -13,6 +13,11 @@ BUILTIN = {
     ("ref_logprob", "synthetic"): "nodes.synthetic:Logprob",
     ("update", "synthetic"): "nodes.synthetic:Update",
     ("sync", "synthetic"): "nodes.synthetic:Sync",
+    ("generate", "hf"): "nodes.hf:Generate",
+    ("old_logprob", "torch"): "nodes.trainer:Logprob",
+    ("ref_logprob", "torch"): "nodes.trainer:Logprob",
+    ("update", "torch"): "nodes.trainer:Update",
+    ("sync", "torch"): "nodes.trainer:Sync",
 }
 
 

@@ -56,6 +56,10 @@ class Reward:
             metas = [{k: f[k][i] for k in META_FIELDS if k in f} for i in range(len(rollout))]
             rewards = [self._score(p, c, m) for p, c, m in zip(f["prompt"], f["completion"], metas)]
         adv = grpo_advantages(rewards, rollout.group_ids, self.spec.normalize_std)
+        ev = rollout.meta.pop("eval", None)
+        if ev is not None and self.fn is not None:
+            scores = [self._score(p, c, {"target": t}) for p, c, t in zip(ev["prompt"], ev["completion"], ev["target"])]
+            self.ctx.log(eval_reward=sum(scores) / max(len(scores), 1), eval_version=ev["version"])
         mean = sum(rewards) / max(len(rewards), 1)
         self.ctx.log(reward_mean=mean,
                      reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)))

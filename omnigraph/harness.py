@@ -104,6 +104,15 @@ class ActorHarness:
         e = self.plan.graph.edges[edge]
         self.lines[edge].push(step, self._gather(e, values))
 
+    def finish(self, run_dir: str) -> None:
+        """End of the run: nodes that keep something (the trainer's final weights) save it."""
+        for name, node in self.nodes.items():
+            if hasattr(node, "save"):
+                try:
+                    node.save(run_dir)
+                except Exception as e:  # noqa: BLE001 - reported with the node's name
+                    raise NodeFailure(name, -1, e) from e
+
     def pop_records(self) -> list[dict[str, Any]]:
         out, self.records = self.records, []
         return out

@@ -25,6 +25,10 @@ from .errors import GraphError
 from .executors.base import StepResult, make_executor
 
 
+TIMELINE_STEPS = 16
+"""Node runs of the first steps go to timeline.jsonl, for the measured pipeline picture."""
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -124,7 +128,11 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
     trained: list[int] = []       # prompt-group ids, as trained (dropped groups count as handled)
     t0 = time.perf_counter()
     bar = _Progress(plan, enabled=progress, console=console)
-    with open(out / "metrics.jsonl", "w") as f, bar:
+    with open(out / "metrics.jsonl", "w") as f, open(out / "timeline.jsonl", "w") as tl, bar:
+        if any(n.backend in ("hf", "vllm", "torch") for n in plan.graph.nodes.values()):
+            from nodes import models
+            bar.status("preparing the model")
+            models.resolve(spec.model.path, spec.model.seed, log=bar.log)
         bar.status(f"starting {ex.name} executor: actors, models")
         ex.start()
         bar.status("first step")
@@ -137,10 +145,16 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")
                 f.flush()
+                if result.step < TIMELINE_STEPS:
+                    for r in result.records:
+                        if "t_start" in r:
+                            tl.write(json.dumps({k: r[k] for k in ("node", "actor", "step", "t_start", "t_end")}) + "\n")
                 for r in result.records:
                     generated += r.get("generated_groups", [])
                     trained += r.get("trained_groups", []) + r.get("dropped_groups", [])
                 bar.advance(row)
+            bar.status("saving final weights")
+            ex.finish(str(out))
         finally:
             ex.stop()
     wall = time.perf_counter() - t0
@@ -188,6 +202,10 @@ class _Progress:
     def __exit__(self, *exc):
         if self.enabled:
             self.progress.__exit__(*exc)
+
+    def log(self, text: str) -> None:
+        if self.enabled:
+            self.progress.console.print(text)
 
     def status(self, text: str) -> None:
         if self.enabled:

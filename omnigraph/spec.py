@@ -87,6 +87,10 @@ class GenerateNode(NodeBase):
     max_new_tokens: int = Field(16, ge=1, le=131_072)
     temperature: float = Field(1.0, ge=0, le=100)
     top_p: float = Field(1.0, gt=0, le=1)
+    stop: list[str] = []
+    """Extra stop strings (single tokens) besides the end-of-sequence token."""
+    eval_every: int = Field(10, ge=0, le=1_000_000)
+    """Every N steps (and at the last), also answer the task's held-out prompts greedily; 0 = never."""
 
 
 class RewardNode(NodeBase):
@@ -128,7 +132,11 @@ class UpdateNode(NodeBase):
     """Samples per optimizer step (default: the whole batch, one step per update)."""
     micro_batch_size: int = Field(16, ge=1, le=65_536)
     max_grad_norm: float = Field(1.0, gt=0)
+    is_cap: float = Field(2.0, ge=1, le=1000)
+    """Truncation of the behaviour->proximal importance weight (decoupled PPO)."""
+    weight_decay: float = Field(0.0, ge=0, le=1)
     lora: LoraSpec | None = None
+    """Train LoRA adapters (peft) instead of all parameters."""
 
 
 class SyncNode(NodeBase):

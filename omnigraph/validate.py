@@ -300,6 +300,18 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
             _resolvable(n.spec.fn, f"nodes.{n.name}.fn", errors)
         if n.kind == "custom":
             _resolvable(n.spec.cls, f"nodes.{n.name}.cls", errors)
+    for n in nodes.values():
+        if n.kind == "update" and n.backend == "torch" and spec.pools[n.pool].actors > 1:
+            errors.add(f"data-parallel training over {spec.pools[n.pool].actors} trainer actors is not supported "
+                       "by backend torch yet", where=f"pools.{n.pool}.actors", fix="use 1 trainer actor")
+        if n.kind == "sync" and n.backend == "torch":
+            lora = any(u.kind == "update" and u.spec.lora for u in nodes.values())
+            if n.spec.payload == "lora" and not lora:
+                errors.add("payload lora but the update node trains no LoRA adapters", where=f"nodes.{n.name}.payload",
+                           fix="set payload: full, or give the update node lora: {r: 8}")
+            if n.spec.payload == "full" and lora:
+                errors.add("the update node trains LoRA adapters: send them, not the full weights",
+                           where=f"nodes.{n.name}.payload", fix="set payload: lora")
     real = [n for n in nodes.values() if n.backend not in ("synthetic", "python", "custom")]
     path = spec.model.path
     if real and path not in MODEL_ALIASES and not Path(path).expanduser().is_dir():

@@ -33,7 +33,7 @@ class TestRuns:
         plan = og.compile(canonical_spec("one_step_off", iterations=4))
         result = run(plan, run_dir=tmp_runs, executor="local", progress=False)
         names = sorted(p.name for p in result.run_dir.iterdir())
-        assert names == ["config.yaml", "metrics.jsonl", "plan.txt", "summary.json"]
+        assert {"config.yaml", "metrics.jsonl", "plan.txt", "summary.json", "timeline.jsonl"} <= set(names)
         rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == list(range(5))
         assert rows[0]["fired"] == ["generate", "reward"]

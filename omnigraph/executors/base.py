@@ -31,6 +31,9 @@ class Executor:
     def steps(self, start: int = 0) -> Iterator[StepResult]:
         raise NotImplementedError
 
+    def finish(self, run_dir: str) -> None:
+        """After the last step: let the nodes save what they keep (final weights)."""
+
     def stop(self) -> None:
         """Tear everything down; must be safe to call twice and after a failure."""
 

@@ -74,5 +74,9 @@ class LocalExecutor(Executor):
     def _harness_of(self, node: str) -> ActorHarness:
         return self.harness[self.plan.tasks_of(node)[0].actor]
 
+    def finish(self, run_dir: str) -> None:
+        for h in self.harness.values():
+            h.finish(run_dir)
+
     def stop(self) -> None:
         self.harness = {}

@@ -36,6 +36,7 @@ class GraphActor:
             from .signals import Signals
             self.signals = Signals(signal_dir)
         self.init_error: str | None = None
+        _set_threads(plan.actors[actor].cpus)
         self.waits: list[dict[str, Any]] = []
         try:
             from ..harness import ActorHarness
@@ -55,6 +56,13 @@ class GraphActor:
             return None
         label, step, t0 = self.current
         return label, step, time.perf_counter() - t0
+
+    def finish(self, run_dir: str) -> str | None:
+        try:
+            self.harness.finish(run_dir)
+        except NodeFailure as e:
+            return str(e)
+        return None
 
     def cpu_times(self) -> tuple[float, float]:
         t = os.times()
@@ -119,3 +127,14 @@ class GraphActor:
         records = self.harness.pop_records() + self.waits
         self.waits = []
         return {"actor": self.actor, "records": records, "failed": failed}
+
+
+def _set_threads(cpus: float) -> None:
+    """Compute threads = the actor's CPUs (Ray pins OMP_NUM_THREADS; torch must agree)."""
+    try:
+        import torch
+    except ImportError:
+        return
+    n = max(1, int(cpus))
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    torch.set_num_threads(n)

@@ -21,6 +21,10 @@ def channel_bytes(plan) -> int:
     tokens = max((getattr(n.spec, "max_new_tokens", 0) for n in plan.graph.nodes.values()), default=0) + 64
     per_sample = tokens * 8 * 6 + 2048          # ids, masks, logprobs... as int64/float, plus texts
     est = samples * per_sample
+    if any(n.kind == "sync" and n.backend == "torch" for n in plan.graph.nodes.values()):
+        from nodes import models
+        est = max(est, models.weight_bytes(models.resolve(spec.model.path, spec.model.seed)))
+    est = int(est * 1.25) + 65536
     if spec.runtime.channel_mb:
         est = int(spec.runtime.channel_mb * (1 << 20))
     return max(MIN_BUFFER, 1 << (est - 1).bit_length())
@@ -78,6 +82,7 @@ class RayExecutor(Executor):
         remote = ray.remote(concurrency_groups={"control": 1})(GraphActor)
         env = {k: v for k, v in os.environ.items() if k.startswith("OMNIGRAPH_")}
         env |= {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan)),
+                "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
                "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
         actors = {}
         for name, a in self.plan.actors.items():
@@ -128,6 +133,13 @@ class RayExecutor(Executor):
     def result(self, step: int, fired, results: list[dict[str, Any]]) -> StepResult:
         self.raise_failure(results)
         return StepResult(step=step, fired=fired, records=[r for x in results for r in x["records"]])
+
+    def finish(self, run_dir: str) -> None:
+        import ray
+        refs = [a.finish.options(concurrency_group="control").remote(run_dir) for a in self.actors.values()]
+        for err in ray.get(refs, timeout=START_TIMEOUT_S):
+            if err:
+                raise NodeFailure.from_message(err)
 
     def kill_actors(self) -> None:
         import ray

@@ -1,0 +1,148 @@
+"""``generate`` with backend ``hf``: batched sampling with transformers, per-token logprobs, versions.
+
+Each rollout rank samples ``samples_per_prompt`` completions for its share of
+the step's prompts. Output fields (first dimension: samples):
+
+- ``input_ids`` ``[B, P + C]``: the prompt left-padded to the step's longest
+  prompt ``P``, then the completion right-padded to ``C = max_new_tokens``;
+- ``attention_mask`` ``[B, P + C]``; ``response_mask`` ``[B, C]`` (completion
+  tokens up to and including the stop token);
+- ``logprob`` ``[B, C]``: log-probabilities of the sampled tokens under the
+  sampling policy ``softmax(logits / temperature)``, the behaviour policy of
+  the decoupled PPO loss;
+- ``prompt``, ``completion``, ``target`` (texts, for the reward).
+
+New weights (``Weights`` from ``sync``) are loaded when their version changes:
+full state dicts, or LoRA adapter tensors.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import torch
+
+from omnigraph.data import SampleBatch, Weights
+from nodes import models
+from nodes.losses import token_logprobs
+
+
+def step_seed(seed: int, step: int, rank: int, salt: str = "gen") -> int:
+    return zlib.crc32(f"{salt}:{seed}:{step}:{rank}".encode())
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding (what ``generate`` uses), so trainer and rollout agree."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.clamp(min=0)
+
+
+class Generate:
+    def __init__(self, name, spec, ctx):
+        self.spec, self.ctx = spec, ctx
+        g = ctx.spec
+        path = models.resolve(g.model.path, g.model.seed)
+        self.model, self.tok = models.load(path, g.model.dtype)
+        self.model.eval()
+        self.version = 0
+        self.lora = next((n.lora for n in g.nodes.values() if n.kind == "update" and n.lora), None)
+        if self.lora is not None:
+            from peft import LoraConfig, get_peft_model
+            self.model = get_peft_model(self.model, LoraConfig(r=self.lora.r, lora_alpha=self.lora.alpha,
+                                                               target_modules=self.lora.target_modules))
+        stops = [self.tok.convert_tokens_to_ids(self.tok.tokenize(s))[0] for s in spec.stop if self.tok.tokenize(s)]
+        self.stop_ids = [self.tok.eos_token_id] + stops
+
+    # -- weights -------------------------------------------------------------
+    def apply(self, weights: Weights) -> None:
+        if weights.version == self.version or weights.tensors is None:
+            return
+        t0 = time.perf_counter()
+        if weights.payload == "lora":
+            from peft import set_peft_model_state_dict
+            set_peft_model_state_dict(self.model, weights.tensors)
+        else:
+            self.model.load_state_dict(weights.tensors, strict=True)
+        self.version = weights.version
+        self.ctx.log(load_weights_s=time.perf_counter() - t0)
+
+    # -- sampling ------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, texts: list[str], n: int, *, greedy: bool, seed: int) -> dict:
+        tok, s = self.tok, self.spec
+        enc = tok([tok.bos_token + t for t in texts], return_tensors="pt", padding=True, add_special_tokens=False)
+        ids = enc.input_ids.repeat_interleave(n, 0)
+        mask = enc.attention_mask.repeat_interleave(n, 0)
+        torch.manual_seed(seed)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=not greedy,
+                                  temperature=s.temperature if not greedy else None,
+                                  top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None,
+                                  max_new_tokens=s.max_new_tokens, eos_token_id=self.stop_ids,
+                                  pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True)
+        P, C = ids.shape[1], s.max_new_tokens
+        comp = out.sequences[:, P:]
+        logits = torch.stack(out.logits, dim=1)                       # [B, c, V], c <= C
+        c = comp.shape[1]
+        alive = torch.ones_like(comp, dtype=torch.float32)
+        stop = torch.isin(comp, torch.tensor(self.stop_ids))
+        ended = (stop.cumsum(1) - stop.long()) > 0                    # tokens after the first stop
+        alive[ended] = 0.0
+        comp = comp.masked_fill(ended, tok.pad_token_id)
+        lp = token_logprobs(logits, comp, max(s.temperature, 1e-6)) * alive
+        pad = C - c
+        comp = torch.nn.functional.pad(comp, (0, pad), value=tok.pad_token_id)
+        alive = torch.nn.functional.pad(alive, (0, pad))
+        lp = torch.nn.functional.pad(lp, (0, pad))
+        texts_out = [tok.decode(row[m > 0].tolist(), skip_special_tokens=True) for row, m in zip(comp, alive)]
+        return {"input_ids": torch.cat([ids, comp], 1),
+                "attention_mask": torch.cat([mask, alive.long()], 1),
+                "response_mask": alive, "logprob": lp, "completion": texts_out, "prompt_len": P}
+
+    def __call__(self, step: int, weights: Weights) -> dict:
+        self.apply(weights)
+        ctx, task = self.ctx, self.ctx.spec.task
+        prompts = ctx.task.batch(step)
+        longest = max(len(self.tok.tokenize(p.text)) + 1 for p in prompts)   # +1: bos
+        per = len(prompts) // ctx.world
+        mine = prompts[ctx.rank * per:(ctx.rank + 1) * per]
+        out = self.sample([p.text for p in mine], task.samples_per_prompt, greedy=False,
+                          seed=step_seed(ctx.seed, step, ctx.rank))
+        out = _left_pad(out, longest, self.tok.pad_token_id)
+        n = len(out["completion"])
+        k = task.samples_per_prompt
+        groups = [step * task.prompts + ctx.rank * per + i // k for i in range(n)]
+        fields = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
+                  "response_mask": out["response_mask"], "logprob": out["logprob"],
+                  "prompt": [mine[i // k].text for i in range(n)], "completion": out["completion"],
+                  "target": [mine[i // k].meta.get("target", "") for i in range(n)]}
+        batch = SampleBatch(step, groups, [self.version] * n, [self.version] * n, fields,
+                            meta={"prompt_len": longest, "temperature": self.spec.temperature})
+        ctx.log(response_len=float(out["response_mask"].sum(1).mean()))
+        if self._eval_due(step) and ctx.rank == 0:
+            batch.meta["eval"] = self.evaluate()
+        return {"rollout": batch}
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.spec.eval_every
+        last = self.ctx.spec.schedule.iterations - 1
+        return bool(every) and (step % every == 0 or step == last)
+
+    def evaluate(self) -> dict:
+        """Greedy completions of the held-out prompts, scored later by the reward node."""
+        prompts = self.ctx.task.eval_set()
+        out = self.sample([p.text for p in prompts], 1, greedy=True, seed=0)
+        return {"prompt": [p.text for p in prompts], "completion": out["completion"],
+                "target": [p.meta.get("target", "") for p in prompts], "version": self.version}
+
+
+def _left_pad(out: dict, width: int, pad_id: int) -> dict:
+    """Left-pad the prompt part to ``width`` tokens so every rank of a step has the same shape."""
+    P = out["prompt_len"]
+    extra = width - P
+    if extra > 0:
+        out["input_ids"] = torch.nn.functional.pad(out["input_ids"], (extra, 0), value=pad_id)
+        out["attention_mask"] = torch.nn.functional.pad(out["attention_mask"], (extra, 0))
+    out["prompt_len"] = width
+    return out
+
