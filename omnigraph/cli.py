@@ -143,6 +143,8 @@ def cmd_run(args) -> int:
           f"staleness max {s['observed_max_staleness']} (bound {s['staleness_bound']}), "
           f"prompt groups trained {s['groups_trained']}/{s['groups_generated']}")
     print(f"run directory: {result.run_dir}")
+    if s.get("plots"):
+        print("plots: " + ", ".join(os.path.basename(p) for p in s["plots"]) + " (in the run directory)")
     return 0
 
 

@@ -159,6 +159,8 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
             ex.stop()
     wall = time.perf_counter() - t0
     summary = _summary(plan, rows, generated, trained, wall, out)
+    from .plots import plot_run
+    summary["plots"] = [str(p) for p in plot_run(out)]
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return RunResult(run_dir=out, steps=len(rows), wall_s=wall, metrics=rows, summary=summary)
 
