@@ -1,6 +1,6 @@
 """Models: the embedded default ``tiny`` model, and loading any local Hugging Face directory.
 
-``model.path: tiny`` is a small Qwen2-architecture causal LM (about 3M
+``model.path: tiny`` is a small Qwen2-architecture causal LM (0.4M
 parameters) with a character-level tokenizer, both made here, offline and
 deterministically from ``model.seed``, then cached under
 ``$OMNIGRAPH_CACHE`` (default ``~/.cache/omnigraph``).

@@ -53,11 +53,17 @@ class Policy:
         """Per-token logprobs ``[b, C]`` of the completion tokens of ``rows``."""
         f = batch.fields
         P = batch.meta["prompt_len"]
-        ids, mask = f["input_ids"][rows], f["attention_mask"][rows]
+        C = f["input_ids"].shape[1] - P
+        # only as many completion columns as the longest completion of these rows: padding costs compute
+        c = max(1, int(f["response_mask"][rows].sum(1).max()))
+        ids, mask = f["input_ids"][rows, :P + c], f["attention_mask"][rows, :P + c]
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
         logits = logits[:, P - 1:-1]
-        lp = token_logprobs(logits, ids[:, P:], temperature)
-        return (lp, entropy(logits.detach(), temperature)) if with_entropy else lp
+        pad = (0, C - c)
+        lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature), pad)
+        if not with_entropy:
+            return lp
+        return lp, torch.nn.functional.pad(entropy(logits.detach(), temperature), pad)
 
 
 def _micro(n: int, size: int) -> list[slice]:
@@ -71,9 +77,22 @@ class Logprob:
         self.spec, self.ctx = spec, ctx
         self.policy = Policy.of(ctx)
 
+    def fusable(self, batch: SampleBatch) -> bool:
+        """old_logprob == the update's own first forward when the update takes one optimizer step."""
+        if self.spec.kind != "old_logprob":
+            return False
+        upd = next(n for n in self.ctx.spec.nodes.values() if n.kind == "update")
+        per_rank = upd.mini_batch_size // self.ctx.world if upd.mini_batch_size else len(batch)
+        return per_rank >= len(batch)
+
     @torch.no_grad()
     def __call__(self, step: int, batch: SampleBatch) -> dict:
         pol = self.policy
+        if self.fusable(batch):
+            # The update will take a single optimizer step, so the proximal policy is exactly the
+            # weights its forward pass uses: it reads old_logprob from there (no second forward).
+            batch.meta["old_logprob"] = "fused"
+            return {"batch": batch}
         model = pol.model if self.spec.kind == "old_logprob" else pol.reference()
         was = model.training
         model.eval()
@@ -107,6 +126,7 @@ class Update:
         T = batch.meta.get("temperature", 1.0)
         adv = torch.tensor(f["advantage"], dtype=torch.float32)
         behav = f["logprob"]
+        fused = batch.meta.get("old_logprob") == "fused"
         old = f.get("old_logprob", behav)
         ref = f.get("ref_logprob")
         mask = f["response_mask"]
@@ -118,7 +138,11 @@ class Update:
             for micro in _micro(mini.stop - mini.start, s.micro_batch_size):
                 rows = slice(mini.start + micro.start, mini.start + micro.stop)
                 lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True)
-                out = policy_loss(lp, old[rows], behav[rows], adv[rows], mask[rows], clip=s.clip, is_cap=s.is_cap,
+                proximal = lp.detach() * mask[rows] if fused else old[rows]
+                if fused:
+                    diff = float(((proximal - behav[rows]).abs() * mask[rows]).max())
+                    stats.setdefault("behav_vs_old_logprob_maxdiff_max", []).append(diff)
+                out = policy_loss(lp, proximal, behav[rows], adv[rows], mask[rows], clip=s.clip, is_cap=s.is_cap,
                                   ref_logprob=None if ref is None else ref[rows], kl_coef=self.kl_coef,
                                   denominator=tokens)
                 out.loss.backward()

@@ -54,7 +54,7 @@ class TestWeightSync:
     def test_full_sync_makes_rollout_logprobs_equal_the_trainers(self):
         from omnigraph.data import Weights
         from nodes.trainer import Logprob
-        spec, sync, gen = nodes_for([])
+        spec, sync, gen = nodes_for(["nodes.update.mini_batch_size=32"])   # old_logprob not fused
         with torch.no_grad():
             for p in sync.policy.model.parameters():
                 p.add_(0.01 * torch.randn_like(p))
