@@ -3,6 +3,7 @@
     omnigraph run GRAPH.yaml [key=value ...]
     omnigraph check GRAPH.yaml [key=value ...] [--json]
     omnigraph viz GRAPH.yaml [-f mermaid|dot|ascii|png] [-o FILE] [--timeline]
+    omnigraph ledger RUN_DIR [--json]
 
 A mistake the user can make ends in one message and exit code 1, never a
 traceback. ``main(argv)`` returns the exit code, for tests.
@@ -59,13 +60,16 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("-f", "--format", default="ascii", choices=["mermaid", "dot", "ascii", "png"])
     v.add_argument("-o", "--output", help="output file (required for png and --timeline)")
     v.add_argument("--timeline", action="store_true", help="draw the unrolled pipeline as a PNG Gantt chart")
+    g = sub.add_parser("ledger", help="where every prompt group of a run went")
+    g.add_argument("run_dir", help="a run directory")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "check": cmd_check, "viz": cmd_viz}[args.command](args)
+        return {"run": cmd_run, "check": cmd_check, "viz": cmd_viz, "ledger": cmd_ledger}[args.command](args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -97,6 +101,13 @@ def cmd_check(args) -> int:
                       actors={a: [t.label for t in ts] for a, ts in plan.order.items()})
     print(json.dumps(report))
     return 0 if report["valid"] else 1
+
+
+def cmd_ledger(args) -> int:
+    from .ledger import format_summary, read
+    s = read(args.run_dir)
+    print(json.dumps(s.as_dict()) if args.json else format_summary(s))
+    return 0 if s.ok else 1
 
 
 def cmd_viz(args) -> int:

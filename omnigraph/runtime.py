@@ -128,7 +128,9 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
     trained: list[int] = []       # prompt-group ids, as trained (dropped groups count as handled)
     t0 = time.perf_counter()
     bar = _Progress(plan, enabled=progress, console=console)
-    with open(out / "metrics.jsonl", "w") as f, open(out / "timeline.jsonl", "w") as tl, bar:
+    from .ledger import events
+    with open(out / "metrics.jsonl", "w") as f, open(out / "timeline.jsonl", "w") as tl, \
+            open(out / "ledger.jsonl", "w") as ledger, bar:
         if any(n.backend in ("hf", "vllm", "torch") for n in plan.graph.nodes.values()):
             from nodes import models
             bar.status("preparing the model")
@@ -149,6 +151,10 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
                     for r in result.records:
                         if "t_start" in r:
                             tl.write(json.dumps({k: r[k] for k in ("node", "actor", "step", "t_start", "t_end")}) + "\n")
+                for r in result.records:
+                    for e in events(r):
+                        ledger.write(json.dumps(e) + "\n")
+                ledger.flush()
                 for r in result.records:
                     generated += r.get("generated_groups", [])
                     trained += r.get("trained_groups", []) + r.get("dropped_groups", [])

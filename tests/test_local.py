@@ -113,3 +113,22 @@ class TestFailures:
                                                                             "nodes.reward.fn=nanreward:r"])
         with pytest.raises(NodeFailure, match=r"node reward failed at iteration 0: .*returned nan"):
             records(plan, "reward")
+
+
+class TestLedger:
+    def test_ledger_accounts_for_every_group(self, tmp_runs, capsys):
+        from omnigraph.cli import main
+        plan = og.compile(canonical_spec("one_step_off", sync_every=3, max_staleness=1, iterations=12,
+                                         on_stale="drop"))
+        d = run(plan, run_dir=tmp_runs, executor="local", progress=False).run_dir
+        assert main(["ledger", str(d), "--json"]) == 0
+        s = json.loads(capsys.readouterr().out)
+        assert s["ok"] and s["generated"] == 12 * 16 and s["lost"] == 0 and s["trained_twice"] == []
+        assert s["dropped"]["stale"] > 0
+        assert s["trained_once"] + s["dropped"]["stale"] == s["generated"]
+        assert set(int(k) for k in s["staleness"]) <= {0, 1}
+
+    def test_ledger_of_a_missing_run_is_a_clear_error(self, tmp_path, capsys):
+        from omnigraph.cli import main
+        assert main(["ledger", str(tmp_path)]) == 1
+        assert "no ledger in" in capsys.readouterr().err
