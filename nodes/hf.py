@@ -67,6 +67,13 @@ class Generate:
         self.version = weights.version
         self.ctx.log(load_weights_s=time.perf_counter() - t0)
 
+    def state_dict(self) -> dict:
+        return {"version": self.version, "model": self.model.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.version = state["version"]
+
     # -- sampling ------------------------------------------------------------
     @torch.no_grad()
     def sample(self, texts: list[str], n: int, *, greedy: bool, seed: int) -> dict:

@@ -163,6 +163,13 @@ class Update:
                         for k, v in stats.items()})
         return {"weights": Weights(version=0)}
 
+    def state_dict(self) -> dict:
+        return {"model": self.policy.model.state_dict(), "opt": self.policy.opt.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.model.load_state_dict(state["model"])
+        self.policy.opt.load_state_dict(state["opt"])
+
     def save(self, run_dir: str) -> None:
         """The final weights, loadable with ``AutoModelForCausalLM.from_pretrained(run_dir/final)``."""
         out = Path(run_dir) / "final"

@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("overrides", nargs="*", metavar="key.path=value", help="override fields, e.g. schedule.iterations=10")
 
     r = sub.add_parser("run", help="train: progress, metrics, plots")
-    graph_args(r)
+    r.add_argument("graph", nargs="?", help="graph YAML file (not with --resume)")
+    r.add_argument("overrides", nargs="*", metavar="key.path=value", help="override fields, e.g. schedule.iterations=10")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest good checkpoint")
     r.add_argument("--executor", choices=["ray", "local", "ray-tasks"], help="overrides runtime.executor")
     r.add_argument("--run-dir", help="parent folder of the run directory (runtime.run_dir)")
     r.add_argument("--address", help="join an existing Ray cluster (runtime.address)")
@@ -134,18 +136,28 @@ def cmd_viz(args) -> int:
 
 def cmd_run(args) -> int:
     from .runtime import run
+    if args.resume:
+        if args.graph or args.overrides:
+            raise GraphError("--resume continues a run with its own config.yaml", where="--resume",
+                             fix="drop the graph file and overrides (use --executor to change the executor)")
+        args.graph = os.path.join(args.resume, "config.yaml")
+        if not os.path.isfile(args.graph):
+            raise GraphError(f"'{args.resume}' is not a run directory (no config.yaml)", where="--resume",
+                             fix="pass the directory printed by omnigraph run")
+    elif not args.graph:
+        raise GraphError("no graph given", fix="omnigraph run GRAPH.yaml, or omnigraph run --resume RUN_DIR")
     extra = []
     if args.executor:
         extra.append(f"runtime.executor={args.executor}")
     if args.address:
         extra.append(f"runtime.address={args.address}")
-    if args.run_dir:
+    if args.run_dir and not args.resume:
         extra.append(f"runtime.run_dir={args.run_dir}")
     cluster = None if args.address else local_cluster()
     plan = _compile(args, extra, cluster=cluster)
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    result = run(plan, progress=not args.quiet)
+    result = run(plan, progress=not args.quiet, resume=args.resume)
     s = result.summary
     reward = ""
     if s.get("reward_first") is not None:

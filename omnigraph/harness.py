@@ -113,6 +113,42 @@ class ActorHarness:
                 except Exception as e:  # noqa: BLE001 - reported with the node's name
                     raise NodeFailure(name, -1, e) from e
 
+    def snapshot_bytes(self) -> bytes:
+        """Everything this actor needs to continue exactly: buffers, versions, node state, RNG."""
+        import io
+        import pickle
+        import random
+        state = {"actor": self.actor, "policy_version": self.state.policy_version,
+                 "lines": {i: (line.current, list(line.queue)) for i, line in self.lines.items()},
+                 "nodes": {n: node.state_dict() for n, node in self.nodes.items() if hasattr(node, "state_dict")},
+                 "python_rng": random.getstate()}
+        try:
+            import torch
+            state["torch_rng"] = torch.get_rng_state()
+        except ImportError:
+            pass
+        buf = io.BytesIO()
+        pickle.dump(state, buf, protocol=pickle.HIGHEST_PROTOCOL)
+        return buf.getvalue()
+
+    def restore_bytes(self, blob: bytes) -> None:
+        import collections
+        import pickle
+        import random
+        state = pickle.loads(blob)
+        if state["actor"] != self.actor:
+            raise RuntimeError(f"checkpoint of actor {state['actor']} given to {self.actor}")
+        self.state.policy_version = state["policy_version"]
+        for i, (current, queue) in state["lines"].items():
+            self.lines[i].current = current
+            self.lines[i].queue = collections.deque(queue)
+        for n, sd in state["nodes"].items():
+            self.nodes[n].load_state_dict(sd)
+        random.setstate(state["python_rng"])
+        if "torch_rng" in state:
+            import torch
+            torch.set_rng_state(state["torch_rng"])
+
     def pop_records(self) -> list[dict[str, Any]]:
         out, self.records = self.records, []
         return out

@@ -13,6 +13,7 @@ It never writes outside that directory and never reuses an existing one.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -116,62 +117,112 @@ def _pipeline_metrics(row, plan, busy, waits, applies, step_s) -> None:
             row[f"bubble/{pool}"] = round(min(1.0, max(0.0, 1 - mean_busy / step_s)), 4)
 
 
+class _Files:
+    """The run's append-only JSON-lines files, with their line counts (checkpoints record them)."""
+
+    NAMES = ("metrics", "ledger", "timeline")
+
+    def __init__(self, out: Path, counts: dict[str, int] | None):
+        self.out = out
+        if counts is not None:                 # resuming: cut what came after the checkpoint
+            for name in self.NAMES:
+                _truncate_lines(out / f"{name}.jsonl", counts.get(f"{name}_lines", 0))
+        self.counts = {n: _count_lines(out / f"{n}.jsonl") for n in self.NAMES}
+        self.f = {n: open(out / f"{n}.jsonl", "a") for n in self.NAMES}
+
+    def write(self, name: str, obj: dict) -> None:
+        self.f[name].write(json.dumps(obj) + "\n")
+        self.counts[name] += 1
+
+    def flush(self) -> None:
+        for f in self.f.values():
+            f.flush()
+            os.fsync(f.fileno())
+
+    def close(self) -> None:
+        for f in self.f.values():
+            f.close()
+
+
+def _count_lines(path: Path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def _truncate_lines(path: Path, n: int) -> None:
+    if path.exists():
+        lines = path.read_text().splitlines(keepends=True)[:n]
+        path.write_text("".join(lines))
+
+
 def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None, progress: bool = True,
-        console=None) -> RunResult:
-    spec = plan.graph.spec
-    out = new_run_dir(run_dir or spec.runtime.run_dir, spec.name)
-    (out / "config.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-    (out / "plan.txt").write_text(str(plan) + "\n")
-    ex = make_executor(plan, executor)
-    rows: list[dict[str, Any]] = []
-    generated: list[int] = []     # prompt-group ids, as generated
-    trained: list[int] = []       # prompt-group ids, as trained (dropped groups count as handled)
-    t0 = time.perf_counter()
-    bar = _Progress(plan, enabled=progress, console=console)
+        console=None, resume: str | Path | None = None) -> RunResult:
+    """Run ``plan``; with ``resume`` (a run directory) continue it from its newest good checkpoint."""
+    from . import checkpoint as ckpt
     from .ledger import events
-    with open(out / "metrics.jsonl", "w") as f, open(out / "timeline.jsonl", "w") as tl, \
-            open(out / "ledger.jsonl", "w") as ledger, bar:
-        if any(n.backend in ("hf", "vllm", "torch") for n in plan.graph.nodes.values()):
-            from nodes import models
-            bar.status("preparing the model")
-            models.resolve(spec.model.path, spec.model.seed, log=bar.log)
-        bar.status(f"starting {ex.name} executor: actors, models")
-        ex.start()
-        bar.status("first step")
-        try:
+    spec = plan.graph.spec
+    if resume is None:
+        out = new_run_dir(run_dir or spec.runtime.run_dir, spec.name)
+        (out / "config.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        (out / "plan.txt").write_text(str(plan) + "\n")
+    else:
+        out = Path(resume)
+    graph_id = ckpt.graph_hash((out / "config.yaml").read_text())
+    bar = _Progress(plan, enabled=progress, console=console)
+    restart = ckpt.load_latest(out, graph_id, log=bar.log if progress else print) if resume else None
+    start = restart.step + 1 if restart else 0
+    files = _Files(out, restart.manifest if restart else ({} if resume else None))
+    ex = make_executor(plan, executor)
+    every = spec.checkpoint.every
+    barrier = (lambda t: bool(every) and 0 < t < plan.steps and t % every == 0) if every else None
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    try:
+        with bar:
+            if any(n.backend in ("hf", "vllm", "torch") for n in plan.graph.nodes.values()):
+                from nodes import models
+                bar.status("preparing the model")
+                models.resolve(spec.model.path, spec.model.seed, log=bar.log)
+            bar.status(f"starting {ex.name} executor: actors, models")
+            ex.start()
+            if restart:
+                bar.log(f"resuming from {restart.path.name}: continuing at step {start}")
+                ex.restore(restart.snapshots)
+                bar.skip(start)
+            bar.status("first step")
             last = time.perf_counter()
-            for result in ex.steps():
+            for result in ex.steps(start, barrier=barrier):
                 now = time.perf_counter()
                 row = step_metrics(result, now - t0, now - last, plan)
                 last = now
                 rows.append(row)
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                if result.step < TIMELINE_STEPS:
-                    for r in result.records:
-                        if "t_start" in r:
-                            tl.write(json.dumps({k: r[k] for k in ("node", "actor", "step", "t_start", "t_end")}) + "\n")
+                files.write("metrics", row)
                 for r in result.records:
+                    if result.step < TIMELINE_STEPS and "t_start" in r:
+                        files.write("timeline", {k: r[k] for k in ("node", "actor", "step", "t_start", "t_end")})
                     for e in events(r):
-                        ledger.write(json.dumps(e) + "\n")
-                ledger.flush()
-                for r in result.records:
-                    generated += r.get("generated_groups", [])
-                    trained += r.get("trained_groups", []) + r.get("dropped_groups", [])
+                        files.write("ledger", e)
+                files.flush()
                 bar.advance(row)
+                if barrier and barrier(result.step + 1):
+                    bar.status(f"checkpoint after step {result.step}")
+                    ckpt.save(out, result.step, graph_id, ex.snapshot(),
+                              dict(files.counts), spec.checkpoint.keep)
             bar.status("saving final weights")
             ex.finish(str(out))
-        finally:
-            ex.stop()
+    finally:
+        files.close()
+        ex.stop()
     wall = time.perf_counter() - t0
-    summary = _summary(plan, rows, generated, trained, wall, out)
+    summary = _summary(plan, rows, wall, out)
     from .plots import plot_run
     summary["plots"] = [str(p) for p in plot_run(out)]
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return RunResult(run_dir=out, steps=len(rows), wall_s=wall, metrics=rows, summary=summary)
 
 
-def _summary(plan, rows, generated, trained, wall, out) -> dict[str, Any]:
+def _summary(plan, rows, wall, out) -> dict[str, Any]:
+    from .ledger import read
+    ledger = read(out)
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
     steady = sorted(r["step_s"] for r in rows[plan.fill + 1: len(rows) - plan.fill] or rows[1:] or rows)
     stale = [r["staleness_max"] for r in rows if "staleness_max" in r]
@@ -179,9 +230,9 @@ def _summary(plan, rows, generated, trained, wall, out) -> dict[str, Any]:
         "run_dir": str(out), "steps": len(rows), "iterations": plan.iterations, "wall_s": round(wall, 3),
         "s_per_step": round(steady[len(steady) // 2], 4) if steady else None,
         "startup_s": round(rows[0]["wall_s"] - rows[0]["step_s"], 3) if rows else None,
-        "groups_generated": len(generated), "groups_trained": len(set(trained)),
-        "groups_trained_twice": len(trained) - len(set(trained)),
-        "groups_lost": len(set(generated) - set(trained)),
+        "groups_generated": ledger.generated, "groups_trained": ledger.trained_once,
+        "groups_dropped": sum(ledger.dropped.values()),
+        "groups_trained_twice": len(ledger.trained_twice), "groups_lost": ledger.lost,
         "dropped_samples": sum(r.get("dropped", 0) for r in rows),
         "staleness_bound": plan.bound, "observed_max_staleness": max(stale, default=0),
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
@@ -210,6 +261,10 @@ class _Progress:
     def __exit__(self, *exc):
         if self.enabled:
             self.progress.__exit__(*exc)
+
+    def skip(self, steps: int) -> None:
+        if self.enabled:
+            self.progress.update(self.task, completed=steps)
 
     def log(self, text: str) -> None:
         if self.enabled:

@@ -269,6 +269,13 @@ class RuntimeSpec(Strict):
     """Size of each compiled-graph channel buffer (default: estimated from the batch)."""
 
 
+class CheckpointSpec(Strict):
+    every: int | None = Field(None, ge=1, le=10_000_000)
+    """Checkpoint every N steps (at a quiet point: nothing in flight); None = never."""
+    keep: int = Field(2, ge=1, le=1000)
+    """Checkpoints kept (the newest); older ones are deleted."""
+
+
 class GraphSpec(Strict):
     name: str = Field("omnigraph", max_length=128)
     model: ModelSpec = ModelSpec()
@@ -278,6 +285,7 @@ class GraphSpec(Strict):
     edges: list[EdgeSpec] = []
     schedule: ScheduleSpec = ScheduleSpec()
     runtime: RuntimeSpec = RuntimeSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
 
     @field_validator("name")
     @classmethod

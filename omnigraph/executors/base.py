@@ -28,7 +28,16 @@ class Executor:
     def start(self) -> None:
         """Create the actors and build every node (models load here)."""
 
-    def steps(self, start: int = 0) -> Iterator[StepResult]:
+    def steps(self, start: int = 0, barrier=None) -> Iterator[StepResult]:
+        """Yield each step's result from ``start`` on; nothing is in flight past a step ``t`` for
+        which ``barrier(t + 1)`` holds when it is yielded."""
+        raise NotImplementedError
+
+    def snapshot(self) -> dict[str, bytes]:
+        """Every actor's state (delay buffers, versions, node state), between steps."""
+        raise NotImplementedError
+
+    def restore(self, snaps: dict[str, bytes]) -> None:
         raise NotImplementedError
 
     def finish(self, run_dir: str) -> None:

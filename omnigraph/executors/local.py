@@ -24,7 +24,14 @@ class LocalExecutor(Executor):
             for h in self.harness.values():
                 h.refresh = self._refresh
 
-    def steps(self, start: int = 0) -> Iterator[StepResult]:
+    def snapshot(self) -> dict[str, bytes]:
+        return {a: h.snapshot_bytes() for a, h in self.harness.items()}
+
+    def restore(self, snaps: dict[str, bytes]) -> None:
+        for a, h in self.harness.items():
+            h.restore_bytes(snaps[a])
+
+    def steps(self, start: int = 0, barrier=None) -> Iterator[StepResult]:
         plan = self.plan
         firing = plan.firing()
         for t in range(plan.steps):

@@ -64,6 +64,12 @@ class GraphActor:
             return str(e)
         return None
 
+    def snapshot(self) -> bytes:
+        return self.harness.snapshot_bytes()
+
+    def restore(self, blob: bytes) -> None:
+        self.harness.restore_bytes(blob)
+
     def cpu_times(self) -> tuple[float, float]:
         t = os.times()
         return t.user, t.system

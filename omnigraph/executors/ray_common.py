@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from collections import deque
+from typing import Any, Iterator
 
 from ..errors import GraphError, NodeFailure
 from .base import Executor, StepResult
 from .program import Op, program
 
 MIN_BUFFER = 1 << 20
+IN_FLIGHT = 2
+"""Executions in flight: step t + 1 is submitted while step t runs, so actors overlap."""
 START_TIMEOUT_S = 600.0
 
 
@@ -104,6 +107,34 @@ class RayExecutor(Executor):
             if i["error"]:
                 raise NodeFailure.from_message(i["error"])
         return info
+
+    def steps(self, start: int = 0, barrier=None) -> Iterator[StepResult]:
+        """Submit steps ahead and yield them in order; before a step where ``barrier(t)`` holds,
+        everything in flight finishes first (a quiet point for checkpoints)."""
+        firing = self.plan.firing()
+        pending: deque = deque()
+        for t in range(self.plan.steps):
+            fired = firing.next()
+            if t < start:
+                continue
+            if barrier is not None and barrier(t):
+                while pending:
+                    yield self._finish(*pending.popleft())
+            pending.append((t, fired, self._submit(t, fired)))
+            if len(pending) >= IN_FLIGHT:
+                yield self._finish(*pending.popleft())
+        while pending:
+            yield self._finish(*pending.popleft())
+
+    def snapshot(self) -> dict[str, bytes]:
+        import ray
+        refs = {n: a.snapshot.options(concurrency_group="control").remote() for n, a in self.actors.items()}
+        return dict(zip(refs, ray.get(list(refs.values()), timeout=START_TIMEOUT_S)))
+
+    def restore(self, snaps: dict[str, bytes]) -> None:
+        import ray
+        ray.get([a.restore.options(concurrency_group="control").remote(snaps[n]) for n, a in self.actors.items()],
+                timeout=START_TIMEOUT_S)
 
     def pids(self) -> dict[str, int]:
         return {name: i["pid"] for name, i in self.info.items()}

@@ -16,13 +16,10 @@ Compiled Graphs' submit/get timeouts come from ``runtime.step_timeout_s``.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any, Iterator
+from typing import Any
 
 from .base import StepResult
-from .ray_common import RayExecutor
-
-IN_FLIGHT = 2
+from .ray_common import IN_FLIGHT, RayExecutor
 
 
 class RayCompiledExecutor(RayExecutor):
@@ -62,18 +59,8 @@ class RayCompiledExecutor(RayExecutor):
             out[op] = "nccl" if c.transport == "nccl" or out.get(op) == "nccl" else "auto"
         return out
 
-    def steps(self, start: int = 0) -> Iterator[StepResult]:
-        firing = self.plan.firing()
-        pending: deque[tuple[int, frozenset, Any]] = deque()
-        for t in range(self.plan.steps):
-            fired = firing.next()
-            if t < start:
-                continue
-            pending.append((t, fired, self.compiled.execute((t, tuple(sorted(fired))))))
-            if len(pending) >= IN_FLIGHT:
-                yield self._finish(*pending.popleft())
-        while pending:
-            yield self._finish(*pending.popleft())
+    def _submit(self, t: int, fired: frozenset):
+        return self.compiled.execute((t, tuple(sorted(fired))))
 
     def _finish(self, t: int, fired: frozenset, ref) -> StepResult:
         from ray.exceptions import RayChannelTimeoutError

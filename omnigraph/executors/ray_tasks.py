@@ -10,31 +10,16 @@ the compiled graph. Values cross actors through the object store.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any, Iterator
+from typing import Any
 
 from .base import StepResult
 from .ray_common import RayExecutor
 
-IN_FLIGHT = 2
 
 
 class RayTasksExecutor(RayExecutor):
     name = "ray-tasks"
     uses_waits = False
-
-    def steps(self, start: int = 0) -> Iterator[StepResult]:
-        firing = self.plan.firing()
-        pending: deque[tuple[int, frozenset, list]] = deque()
-        for t in range(self.plan.steps):
-            fired = firing.next()
-            if t < start:
-                continue
-            pending.append((t, fired, self._submit(t, fired)))
-            if len(pending) >= IN_FLIGHT:
-                yield self._finish(*pending.popleft())
-        while pending:
-            yield self._finish(*pending.popleft())
 
     def _submit(self, t: int, fired: frozenset) -> list:
         inp = (t, tuple(sorted(fired)))
