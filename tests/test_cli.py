@@ -93,3 +93,17 @@ class TestInstalledCommand:
         assert p.returncode == 1
         assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
         assert "schedule.max_staleness" in p.stderr
+
+
+class TestResumeAndLedgerCommands:
+    def test_resume_with_a_graph_is_refused(self, tmp_path, capsys):
+        assert main(["run", str(GRAPHS / "grpo_one_step_off.yaml"), "--resume", str(tmp_path)]) == 1
+        assert "--resume continues a run with its own config.yaml" in capsys.readouterr().err
+
+    def test_resume_of_a_folder_that_is_no_run(self, tmp_path, capsys):
+        assert main(["run", "--resume", str(tmp_path)]) == 1
+        assert "is not a run directory (no config.yaml)" in capsys.readouterr().err
+
+    def test_run_without_a_graph(self, capsys):
+        assert main(["run"]) == 1
+        assert "no graph given" in capsys.readouterr().err
