@@ -14,6 +14,7 @@ BUILTIN = {
     ("update", "synthetic"): "nodes.synthetic:Update",
     ("sync", "synthetic"): "nodes.synthetic:Sync",
     ("generate", "hf"): "nodes.hf:Generate",
+    ("generate", "vllm"): "nodes.vllm_backend:VllmGenerate",
     ("old_logprob", "torch"): "nodes.trainer:Logprob",
     ("ref_logprob", "torch"): "nodes.trainer:Logprob",
     ("update", "torch"): "nodes.trainer:Update",

@@ -35,7 +35,9 @@ class ActorHarness:
         self.seed = plan.graph.spec.runtime.seed if seed is None else seed
         self.state = ActorState()
         self.records: list[dict[str, Any]] = []
-        self.faults = parse_faults(os.environ.get("OMNIGRAPH_INJECT", ""))
+        # injected faults fire in the first attempt only, so a supervised restart gets past them
+        first = os.environ.get("OMNIGRAPH_ATTEMPT", "0") == "0"
+        self.faults = parse_faults(os.environ.get("OMNIGRAPH_INJECT", "")) if first else {}
         self.refresh: Callable[[SampleBatch, int], SampleBatch] | None = None
         """Set by executors that support ``on_stale: wait``: regenerate a batch with fresh weights."""
         g = plan.graph

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .errors import GraphError
+from .errors import GraphError, NodeFailure
 from .executors.base import StepResult, make_executor
 
 
@@ -156,9 +156,13 @@ def _truncate_lines(path: Path, n: int) -> None:
 
 def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None, progress: bool = True,
         console=None, resume: str | Path | None = None) -> RunResult:
-    """Run ``plan``; with ``resume`` (a run directory) continue it from its newest good checkpoint."""
+    """Run ``plan``; with ``resume`` (a run directory) continue it from its newest good checkpoint.
+
+    Supervision: when a node fails or an actor dies, the actors are torn down, started again and
+    the run resumes from the last checkpoint (from the start without one), at most
+    ``runtime.max_restarts`` times, each restart logged with its cause; then the error stops the run.
+    """
     from . import checkpoint as ckpt
-    from .ledger import events
     spec = plan.graph.spec
     if resume is None:
         out = new_run_dir(run_dir or spec.runtime.run_dir, spec.name)
@@ -168,56 +172,78 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
         out = Path(resume)
     graph_id = ckpt.graph_hash((out / "config.yaml").read_text())
     bar = _Progress(plan, enabled=progress, console=console)
-    restart = ckpt.load_latest(out, graph_id, log=bar.log if progress else print) if resume else None
+    restarts: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    with bar:
+        if any(n.backend in ("hf", "vllm", "torch") for n in plan.graph.nodes.values()):
+            from nodes import models
+            bar.status("preparing the model")
+            models.resolve(spec.model.path, spec.model.seed, log=bar.log)
+        while True:
+            os.environ["OMNIGRAPH_ATTEMPT"] = str(len(restarts))
+            try:
+                rows = _attempt(plan, out, graph_id, executor, bar, t0, resume=resume is not None or bool(restarts))
+                break
+            except NodeFailure as e:
+                if len(restarts) >= spec.runtime.max_restarts:
+                    if restarts:
+                        raise NodeFailure(e.node, e.iteration, f"{e.detail} (after {len(restarts)} restart(s))") from e
+                    raise
+                restarts.append({"attempt": len(restarts) + 1, "cause": str(e), "time": round(time.perf_counter() - t0, 3)})
+                (out / "restarts.jsonl").open("a").write(json.dumps(restarts[-1]) + "\n")
+                bar.log(f"restart {len(restarts)}/{spec.runtime.max_restarts}: {e}")
+    wall = time.perf_counter() - t0
+    summary = _summary(plan, rows, wall, out)
+    summary["restarts"] = restarts
+    from .plots import plot_run
+    summary["plots"] = [str(p) for p in plot_run(out)]
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return RunResult(run_dir=out, steps=len(rows), wall_s=wall, metrics=rows, summary=summary)
+
+
+def _attempt(plan, out: Path, graph_id: str, executor, bar, t0: float, resume: bool) -> list[dict[str, Any]]:
+    """One life of the actors: start, restore the newest checkpoint (when resuming), run, save."""
+    from . import checkpoint as ckpt
+    from .ledger import events
+    spec = plan.graph.spec
+    restart = ckpt.load_latest(out, graph_id, log=bar.log if bar.enabled else print) if resume else None
     start = restart.step + 1 if restart else 0
     files = _Files(out, restart.manifest if restart else ({} if resume else None))
     ex = make_executor(plan, executor)
     every = spec.checkpoint.every
     barrier = (lambda t: bool(every) and 0 < t < plan.steps and t % every == 0) if every else None
     rows: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
     try:
-        with bar:
-            if any(n.backend in ("hf", "vllm", "torch") for n in plan.graph.nodes.values()):
-                from nodes import models
-                bar.status("preparing the model")
-                models.resolve(spec.model.path, spec.model.seed, log=bar.log)
-            bar.status(f"starting {ex.name} executor: actors, models")
-            ex.start()
-            if restart:
-                bar.log(f"resuming from {restart.path.name}: continuing at step {start}")
-                ex.restore(restart.snapshots)
-                bar.skip(start)
-            bar.status("first step")
-            last = time.perf_counter()
-            for result in ex.steps(start, barrier=barrier):
-                now = time.perf_counter()
-                row = step_metrics(result, now - t0, now - last, plan)
-                last = now
-                rows.append(row)
-                files.write("metrics", row)
-                for r in result.records:
-                    if result.step < TIMELINE_STEPS and "t_start" in r:
-                        files.write("timeline", {k: r[k] for k in ("node", "actor", "step", "t_start", "t_end")})
-                    for e in events(r):
-                        files.write("ledger", e)
-                files.flush()
-                bar.advance(row)
-                if barrier and barrier(result.step + 1):
-                    bar.status(f"checkpoint after step {result.step}")
-                    ckpt.save(out, result.step, graph_id, ex.snapshot(),
-                              dict(files.counts), spec.checkpoint.keep)
-            bar.status("saving final weights")
-            ex.finish(str(out))
+        bar.status(f"starting {ex.name} executor: actors, models")
+        ex.start()
+        if restart:
+            bar.log(f"resuming from {restart.path.name}: continuing at step {start}")
+            ex.restore(restart.snapshots)
+        bar.skip(start)
+        bar.status("first step")
+        last = time.perf_counter()
+        for result in ex.steps(start, barrier=barrier):
+            now = time.perf_counter()
+            row = step_metrics(result, now - t0, now - last, plan)
+            last = now
+            rows.append(row)
+            files.write("metrics", row)
+            for r in result.records:
+                if result.step < TIMELINE_STEPS and "t_start" in r:
+                    files.write("timeline", {k: r[k] for k in ("node", "actor", "step", "t_start", "t_end")})
+                for e in events(r):
+                    files.write("ledger", e)
+            files.flush()
+            bar.advance(row)
+            if barrier and barrier(result.step + 1):
+                bar.status(f"checkpoint after step {result.step}")
+                ckpt.save(out, result.step, graph_id, ex.snapshot(), dict(files.counts), spec.checkpoint.keep)
+        bar.status("saving final weights")
+        ex.finish(str(out))
     finally:
         files.close()
         ex.stop()
-    wall = time.perf_counter() - t0
-    summary = _summary(plan, rows, wall, out)
-    from .plots import plot_run
-    summary["plots"] = [str(p) for p in plot_run(out)]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return RunResult(run_dir=out, steps=len(rows), wall_s=wall, metrics=rows, summary=summary)
+    return rows
 
 
 def _summary(plan, rows, wall, out) -> dict[str, Any]:

@@ -263,6 +263,9 @@ class RuntimeSpec(Strict):
     """Parent folder of run directories (``runs/<name>-<timestamp>``)."""
     address: str | None = None
     """Join an existing Ray cluster instead of starting a local one."""
+    max_restarts: int = Field(0, ge=0, le=1000)
+    """When a node fails or an actor dies: restart the actors and resume from the last checkpoint,
+    at most this many times; then stop with the error."""
     step_timeout_s: float = Field(300.0, gt=0, le=86_400)
     """A step that takes longer stops the run, naming the node still running."""
     channel_mb: float | None = Field(None, gt=0, le=65_536)

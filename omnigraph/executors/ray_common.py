@@ -145,6 +145,20 @@ class RayExecutor(Executor):
             if f is not None:
                 raise NodeFailure.from_message(f.message)
 
+    def check_alive(self, step: int, fired) -> None:
+        """Raise a NodeFailure naming the node whose actor process died (e.g. killed, out of memory)."""
+        import ray
+        for name, a in self.actors.items():
+            try:
+                ray.get(a.status.options(concurrency_group="control").remote(), timeout=5)
+            except ray.exceptions.GetTimeoutError:
+                continue                        # alive, busy
+            except ray.exceptions.RayError:
+                nodes = [t.node for t in self.plan.order[name] if t.op == "run" and t.node in fired]
+                node = nodes[0] if nodes else (self.plan.order[name][0].node if self.plan.order[name] else name)
+                self.hang_seen = True
+                raise NodeFailure(node, step, f"actor {name} died (its process exited)") from None
+
     def hung(self, step: int) -> NodeFailure:
         """The failure to report when a step did not finish in time: the node still running."""
         import ray

@@ -65,8 +65,15 @@ class RayCompiledExecutor(RayExecutor):
     def _finish(self, t: int, fired: frozenset, ref) -> StepResult:
         from ray.exceptions import RayChannelTimeoutError
         if self.signals is not None:
-            if self.signals.wait_all([f"done-{a}" for a in self.actors], self.timeout):
-                raise self.hung(t)
+            import time
+            deadline = time.monotonic() + self.timeout
+            missing = [f"done-{a}" for a in self.actors]
+            while missing:
+                missing = self.signals.wait_all(missing, min(1.0, max(0.0, deadline - time.monotonic())))
+                if missing:
+                    self.check_alive(t, fired)
+                    if time.monotonic() >= deadline:
+                        raise self.hung(t)
         try:
             results = [r.get(timeout=self.timeout) for r in ref]
         except RayChannelTimeoutError:

