@@ -12,6 +12,7 @@ It never writes outside that directory and never reuses an existing one.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -240,10 +241,26 @@ def _attempt(plan, out: Path, graph_id: str, executor, bar, t0: float, resume: b
                 ckpt.save(out, result.step, graph_id, ex.snapshot(), dict(files.counts), spec.checkpoint.keep)
         bar.status("saving final weights")
         ex.finish(str(out))
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise GraphError(f"cannot write to the run directory: {e.strerror}", where=str(out),
+                             fix="free disk space, then continue with omnigraph run --resume "
+                                 f"{out} (everything up to the last checkpoint is intact)") from None
+        raise
     finally:
-        files.close()
-        ex.stop()
+        _quietly(files.close)
+        _quietly(ex.stop)
     return rows
+
+
+def _quietly(fn) -> None:
+    """Clean-up that must not replace the error that is already on its way out."""
+    import sys
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        if sys.exc_info()[0] is None:
+            print(f"warning: clean-up failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def _summary(plan, rows, wall, out) -> dict[str, Any]:

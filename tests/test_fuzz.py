@@ -27,7 +27,7 @@ def listing():
     return sorted(os.listdir(ROOT))
 
 
-@settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow,
+@settings(deadline=None, max_examples=1000, suppress_health_check=[HealthCheck.too_slow,
                                                                     HealthCheck.function_scoped_fixture])
 @given(st.one_of(documents, st.dictionaries(st.sampled_from(list(BASE)), documents, max_size=4)
                  .map(lambda d: {**BASE, **d})), st.booleans())

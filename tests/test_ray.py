@@ -138,3 +138,17 @@ def test_ctrl_c_tears_down_cleanly(tmp_path):
     assert seen and not alive, f"left behind: {alive}"
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "metrics.jsonl").read_text().count("\n") >= 1
+
+
+def test_a_killed_actor_is_restarted_and_the_run_resumes_from_its_checkpoint(tmp_path):
+    code, err, alive, _ = run_cli(["run", SYNTH, "schedule.iterations=10", "checkpoint.every=3",
+                                   "runtime.max_restarts=1", "--quiet", "--run-dir", str(tmp_path)],
+                                  {"OMNIGRAPH_INJECT": "update@5:exit"})
+    assert code == 0, err
+    (d,) = tmp_path.iterdir()
+    restarts = (d / "restarts.jsonl").read_text()
+    assert "node update failed at iteration 5: actor trainer.0 died" in restarts
+    from omnigraph.ledger import read
+    s = read(d)
+    assert s.ok and s.generated == s.trained_once == 10 * 8
+    assert not alive

@@ -82,3 +82,25 @@ def test_resume_without_a_checkpoint_starts_over(tmp_path, monkeypatch):
     assert not (d / "checkpoints").exists() or not any((d / "checkpoints").iterdir())
     resume(d)
     assert read(d).ok and read(d).generated == 9 * 8
+
+
+def test_a_full_disk_stops_with_a_clear_message_and_keeps_the_run(tmp_path, monkeypatch):
+    import errno
+    from omnigraph import runtime
+
+    real = runtime._Files.write
+    calls = {"n": 0}
+
+    def full(self, name, obj):
+        calls["n"] += 1
+        if calls["n"] > 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, name, obj)
+
+    monkeypatch.setattr(runtime._Files, "write", full)
+    with pytest.raises(GraphError, match=r"cannot write to the run directory: No space left on device .*--resume"):
+        run(compile_("synthetic_one_step_off.yaml"), run_dir=tmp_path, progress=False)
+    monkeypatch.setattr(runtime._Files, "write", real)
+    (d,) = tmp_path.iterdir()
+    resume(d)
+    assert read(d).ok and read(d).generated == 9 * 8

@@ -32,9 +32,12 @@ class GraphActor:
         self.wait_timeout = wait_timeout
         self.current: tuple[str, int, float] | None = None
         self.signals = None
+        self._status_fd = None
         if signal_dir:
             from .signals import Signals
             self.signals = Signals(signal_dir)
+            # what this actor is running, readable by the driver even after the process dies
+            self._status_fd = os.open(os.path.join(signal_dir, f"status-{actor}"), os.O_RDWR | os.O_CREAT, 0o600)
         self.init_error: str | None = None
         _set_threads(plan.actors[actor].cpus)
         self.waits: list[dict[str, Any]] = []
@@ -80,6 +83,9 @@ class GraphActor:
         op = self.ops[op_id]
         failed = next((v for v in (chain, *values) if isinstance(v, Failed)), None)
         self.current = (op.label, step, time.perf_counter())
+        if self._status_fd is not None and op.kind in ("run", "stash"):
+            note = f"{op.task.node} {step}".encode().ljust(64)
+            os.pwrite(self._status_fd, note, 0)
         try:
             if op.kind == "wait":
                 return self._wait(op, step) or failed

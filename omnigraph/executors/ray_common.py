@@ -154,10 +154,20 @@ class RayExecutor(Executor):
             except ray.exceptions.GetTimeoutError:
                 continue                        # alive, busy
             except ray.exceptions.RayError:
-                nodes = [t.node for t in self.plan.order[name] if t.op == "run" and t.node in fired]
-                node = nodes[0] if nodes else (self.plan.order[name][0].node if self.plan.order[name] else name)
+                node, step = self._last_op(name, step, fired)
                 self.hang_seen = True
                 raise NodeFailure(node, step, f"actor {name} died (its process exited)") from None
+
+    def _last_op(self, actor: str, step: int, fired) -> tuple[str, int]:
+        """The node a dead actor was running (it notes each op in the signal folder), else a guess."""
+        if self.signals is not None:
+            try:
+                node, at = open(os.path.join(self.signals.dir, f"status-{actor}")).read().split()
+                return node, int(at)
+            except (OSError, ValueError):
+                pass
+        nodes = [t.node for t in self.plan.order[actor] if t.op == "run" and t.node in fired]
+        return (nodes[0] if nodes else actor), step
 
     def hung(self, step: int) -> NodeFailure:
         """The failure to report when a step did not finish in time: the node still running."""
