@@ -74,7 +74,7 @@ class Graph:
             self.edge(a, b)
 
     def set(self, section: str, **fields: Any) -> None:
-        """Set the fields of a section: ``model``, ``task``, ``schedule`` or ``runtime``."""
+        """Set the fields of a section: ``model``, ``task``, ``schedule``, ``runtime`` or ``checkpoint``."""
         self._raw.setdefault(section, {}).update(fields)
 
     def schedule(self, **fields: Any) -> None:
@@ -99,7 +99,7 @@ class Graph:
     def from_spec(cls, spec: GraphSpec) -> "Graph":
         g = cls(spec.name)
         fields = spec.model_dump(mode="json", exclude_unset=True)
-        for section in ("model", "task", "schedule", "runtime"):
+        for section in ("model", "task", "schedule", "runtime", "checkpoint"):
             if section in fields:
                 g.set(section, **fields[section])
         for name, pool in spec.pools.items():
