@@ -60,7 +60,6 @@ def build_tokenizer():
     class ``AutoTokenizer`` picks for a Qwen2 model, so transformers and vLLM agree.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
     from transformers import PreTrainedTokenizerFast
 
     symbols = [_byte_symbol(c) for c in ALPHABET]

@@ -48,9 +48,9 @@ from pathlib import Path
 
 import torch
 
-from omnigraph.data import SampleBatch, Weights
+from omnigraph.data import Weights
 from nodes import models
-from nodes.hf import _left_pad, step_seed
+from nodes.hf import Rollout
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``max_lora_rank``."""
@@ -181,7 +181,7 @@ class WeightLoader:
 # ---------------------------------------------------------------- the node
 
 
-class VllmGenerate:
+class VllmGenerate(Rollout):
     engine_args: dict = {}
     """Extra ``vllm.LLM`` arguments (tests set ``block_size``, for example)."""
 
@@ -302,44 +302,8 @@ class VllmGenerate:
         return {"input_ids": ids, "attention_mask": mask, "response_mask": alive, "logprob": lp,
                 "completion": texts_out, "prompt_len": P}
 
-    def __call__(self, step: int, weights: Weights) -> dict:
-        self.apply(weights)
-        ctx, task = self.ctx, self.ctx.spec.task
-        prompts = ctx.task.batch(step)
-        longest = max(len(self.prompt_ids(p.text)) for p in prompts)
-        per = len(prompts) // ctx.world
-        mine = prompts[ctx.rank * per:(ctx.rank + 1) * per]
-        t0 = time.perf_counter()
-        out = self.sample([p.text for p in mine], task.samples_per_prompt, greedy=False,
-                          seed=step_seed(ctx.seed, step, ctx.rank))
-        dt = time.perf_counter() - t0
-        out = _left_pad(out, longest, self.tok.pad_token_id)
-        n = len(out["completion"])
-        k = task.samples_per_prompt
-        groups = [step * task.prompts + ctx.rank * per + i // k for i in range(n)]
-        fields = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
-                  "response_mask": out["response_mask"], "logprob": out["logprob"],
-                  "prompt": [mine[i // k].text for i in range(n)], "completion": out["completion"],
-                  "target": [mine[i // k].meta.get("target", "") for i in range(n)]}
-        batch = SampleBatch(step, groups, [self.version] * n, [self.version] * n, fields,
-                            meta={"prompt_len": longest, "temperature": self.spec.temperature})
-        ctx.log(response_len=float(out["response_mask"].sum(1).mean()),
-                gen_tokens_per_s=float(out["response_mask"].sum()) / max(dt, 1e-9))
-        if self._eval_due(step) and ctx.rank == 0:
-            batch.meta["eval"] = self.evaluate()
-        return {"rollout": batch}
-
-    def _eval_due(self, step: int) -> bool:
-        every = self.spec.eval_every
-        last = self.ctx.spec.schedule.iterations - 1
-        return bool(every) and (step % every == 0 or step == last)
-
-    def evaluate(self) -> dict:
-        """Greedy completions of the held-out prompts, scored later by the reward node."""
-        prompts = self.ctx.task.eval_set()
-        out = self.sample([p.text for p in prompts], 1, greedy=True, seed=0)
-        return {"prompt": [p.text for p in prompts], "completion": out["completion"],
-                "target": [p.meta.get("target", "") for p in prompts], "version": self.version}
+    def prompt_len(self, text: str) -> int:
+        return len(self.prompt_ids(text))
 
 
 def merge_lora_state(tensors: dict, lora) -> dict:

@@ -1,7 +1,6 @@
 """Checkpoints and exact resume: an interrupted run, resumed, equals an uninterrupted one."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest

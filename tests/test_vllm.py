@@ -8,7 +8,6 @@ trainer's own forward pass, to ``LOGPROB_ATOL`` (float32).
 """
 
 import gc
-import os
 
 import pytest
 import torch
