@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 
 import omnigraph as og
 from omnigraph.executors.base import make_executor
+from omnigraph.runtime import run
 from omnigraph.testing import canonical_spec
 
 from conftest import GRAPHS, ROOT
@@ -152,3 +153,18 @@ def test_a_killed_actor_is_restarted_and_the_run_resumes_from_its_checkpoint(tmp
     s = read(d)
     assert s.ok and s.generated == s.trained_once == 10 * 8
     assert not alive
+
+
+@pytest.mark.parametrize("fault", ["generate@5:exit", "update@5:exit", "generate@4:raise", "reward@4:raise",
+                                   "old_logprob@4:raise", "update@4:raise", "sync@4:raise"])
+def test_supervised_runs_survive_each_fault_with_the_undisturbed_ledger(ray_session, tmp_path, monkeypatch, fault):
+    """kill -9-like exits of the rollout (mid-generation) and trainer (mid-update), and a raise in each node kind:
+    the run restarts from its checkpoint and ends with every prompt group trained exactly once."""
+    from omnigraph.ledger import read
+    over = ["schedule.iterations=8", "checkpoint.every=3", "runtime.max_restarts=1", "nodes.generate.cost=0.02"]
+    monkeypatch.setenv("OMNIGRAPH_INJECT", fault)
+    res = run(og.compile(GRAPHS / "synthetic_one_step_off.yaml", overrides=over), run_dir=tmp_path, executor="ray",
+              progress=False)
+    assert len(res.summary["restarts"]) == 1 and fault.split("@")[0] in res.summary["restarts"][0]["cause"]
+    s = read(res.run_dir)
+    assert s.ok and s.generated == s.trained_once == 8 * 8
