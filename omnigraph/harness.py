@@ -185,7 +185,8 @@ class ActorHarness:
             raise StalenessError(f"batch {batch.batch_id} trained at version {v} has staleness {max(stale)} > "
                                  f"bound {limit} ({len(over)} of {len(batch)} samples)")
         if s.on_stale == "drop":
-            keep = [i for i in range(len(batch)) if i not in set(over)]
+            stale = set(over)
+            keep = [i for i in range(len(batch)) if i not in stale]
             record["dropped"] = len(over)
             kept = batch.select(keep)
             record["trained_groups"] = kept.groups

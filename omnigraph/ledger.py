@@ -88,11 +88,12 @@ def read(run_dir: str | Path) -> Summary:
     if not path.is_file():
         raise GraphError(f"no ledger in '{run_dir}'", fix="pass a run directory made by omnigraph run")
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    lines = path.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
-            if n < len(path.read_text().splitlines()):      # a torn last line is a crash, not corruption
+            if n < len(lines):      # a torn last line is a crash, not corruption
                 raise GraphError(f"ledger line {n} is not JSON", where=str(path)) from None
     return summarize(rows)
 

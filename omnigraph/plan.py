@@ -91,7 +91,13 @@ class Plan:
         return self.staleness.bound
 
     def tasks_of(self, node: str) -> list[Task]:
-        return [t for t in self.tasks if t.op == "run" and t.node == node]
+        """The run tasks of ``node``, one per rank (the executors ask this on every step)."""
+        if not hasattr(self, "_runs"):
+            self._runs: dict[str, list[Task]] = {}
+            for t in self.tasks:
+                if t.op == "run":
+                    self._runs.setdefault(t.node, []).append(t)
+        return self._runs.get(node, [])
 
     def producers(self, edge: Edge, rank: int) -> list[Task]:
         """The producer tasks whose values rank ``rank`` of ``edge.dst`` receives (see :func:`feeds`)."""
