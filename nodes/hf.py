@@ -41,7 +41,7 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 class Rollout:
     """What every generate backend shares: the step's prompts, the batch it returns, the eval.
 
-    A backend provides ``tok``, ``version``, ``apply(weights)``, ``prompt_len(text)`` and
+    A backend provides ``tok``, ``version``, ``apply(weights)`` and
     ``sample(texts, n, greedy=, seed=)`` returning the fields documented in this module.
     """
 
@@ -72,6 +72,26 @@ class Rollout:
             batch.meta["eval"] = self.evaluate()
         return {"rollout": batch}
 
+    def encode(self, text: str) -> list[int]:
+        """The prompt's token ids, the same on every backend.
+
+        Plain tasks: bos + the tokenizer's ids for ``text`` (nothing else added). Chat tasks
+        (``task.chat``): the model's chat template around the task's system message and ``text``,
+        ending with the assistant turn's opening."""
+        task, tok = self.ctx.task, self.tok
+        if getattr(task, "chat", False):
+            if not tok.chat_template:
+                raise ValueError(f"task {self.ctx.spec.task.name} is a chat task but the model's tokenizer has "
+                                 "no chat template")
+            msgs = [{"role": "system", "content": task.SYSTEM}] if getattr(task, "SYSTEM", None) else []
+            text = tok.apply_chat_template(msgs + [{"role": "user", "content": text}], add_generation_prompt=True,
+                                           tokenize=False)
+            return tok(text, add_special_tokens=False).input_ids
+        return [tok.bos_token_id] + tok(text, add_special_tokens=False).input_ids
+
+    def prompt_len(self, text: str) -> int:
+        return len(self.encode(text))
+
     def _eval_due(self, step: int) -> bool:
         every = self.spec.eval_every
         last = self.ctx.spec.schedule.iterations - 1
@@ -91,7 +111,8 @@ class Generate(Rollout):
         self.spec, self.ctx = spec, ctx
         g = ctx.spec
         path = models.resolve(g.model.path, g.model.seed)
-        self.model, self.tok = models.load(path, g.model.dtype)
+        self.device = ctx.device          # cuda for a pool with gpus > 0; outputs are host tensors
+        self.model, self.tok = models.load(path, g.model.dtype, self.device)
         self.model.eval()
         self.version = 0
         self.lora = next((n.lora for n in g.nodes.values() if n.kind == "update" and n.lora), None)
@@ -106,14 +127,33 @@ class Generate(Rollout):
     def apply(self, weights: Weights) -> None:
         if weights.version == self.version or weights.tensors is None:
             return
+        if getattr(weights.tensors, "in_model", False):      # received over NCCL into the model already
+            self.version = weights.version
+            return
         t0 = time.perf_counter()
         if weights.payload == "lora":
             from peft import set_peft_model_state_dict
             set_peft_model_state_dict(self.model, weights.tensors)
         else:
             self.model.load_state_dict(weights.tensors, strict=True)
+        if self.device != "cpu":
+            torch.cuda.synchronize()
         self.version = weights.version
         self.ctx.log(load_weights_s=time.perf_counter() - t0)
+
+    def receive(self, weights: Weights) -> Weights:
+        """Weights sent over NCCL (``omnigraph.weightsync``), received on arrival straight into the model's
+        parameters, bucket by bucket (the harness calls this when the next generate uses this version)."""
+        from omnigraph import weightsync
+        meta = weights.tensors
+        if weights.payload == "lora":
+            from peft import get_peft_model_state_dict
+            targets = get_peft_model_state_dict(self.model)
+        else:
+            targets = self.model.state_dict()
+        weightsync.receive(meta, weightsync.member(meta.group), targets)
+        return Weights(weights.version, tensors=weightsync.InModel(meta), payload=weights.payload,
+                       nbytes=weights.nbytes)
 
     def state_dict(self) -> dict:
         return {"version": self.version, "model": self.model.state_dict()}
@@ -126,25 +166,28 @@ class Generate(Rollout):
     @torch.no_grad()
     def sample(self, texts: list[str], n: int, *, greedy: bool, seed: int) -> dict:
         tok, s = self.tok, self.spec
-        enc = tok([tok.bos_token + t for t in texts], return_tensors="pt", padding=True, add_special_tokens=False)
-        ids = enc.input_ids.repeat_interleave(n, 0)
-        mask = enc.attention_mask.repeat_interleave(n, 0)
+        prompts = [self.encode(t) for t in texts]
+        P = max(len(p) for p in prompts)
+        ids = torch.tensor([[tok.pad_token_id] * (P - len(p)) + p for p in prompts]).repeat_interleave(n, 0)
+        mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts]).repeat_interleave(n, 0)
         torch.manual_seed(seed)
-        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=not greedy,
+        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                  do_sample=not greedy,
                                   temperature=s.temperature if not greedy else None,
                                   top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None,
                                   max_new_tokens=s.max_new_tokens, eos_token_id=self.stop_ids,
                                   pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True)
-        P, C = ids.shape[1], s.max_new_tokens
+        C = s.max_new_tokens
         comp = out.sequences[:, P:]
         logits = torch.stack(out.logits, dim=1)                       # [B, c, V], c <= C
         c = comp.shape[1]
         alive = torch.ones_like(comp, dtype=torch.float32)
-        stop = torch.isin(comp, torch.tensor(self.stop_ids))
+        stop = torch.isin(comp, torch.tensor(self.stop_ids, device=comp.device))
         ended = (stop.cumsum(1) - stop.long()) > 0                    # tokens after the first stop
         alive[ended] = 0.0
         comp = comp.masked_fill(ended, tok.pad_token_id)
         lp = token_logprobs(logits, comp, max(s.temperature, 1e-6)) * alive
+        comp, alive, lp = comp.cpu(), alive.cpu(), lp.cpu()           # the batch travels as host tensors
         pad = C - c
         comp = torch.nn.functional.pad(comp, (0, pad), value=tok.pad_token_id)
         alive = torch.nn.functional.pad(alive, (0, pad))
@@ -153,9 +196,6 @@ class Generate(Rollout):
         return {"input_ids": torch.cat([ids, comp], 1),
                 "attention_mask": torch.cat([mask, alive.long()], 1),
                 "response_mask": alive, "logprob": lp, "completion": texts_out, "prompt_len": P}
-
-    def prompt_len(self, text: str) -> int:
-        return len(self.tok.tokenize(text)) + 1      # +1: bos
 
 
 def _left_pad(out: dict, width: int, pad_id: int) -> dict:

@@ -30,7 +30,7 @@ TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "n
         "num_key_value_heads": 2, "max_position_embeddings": 128}
 WARM = {"steps_right": 800, "steps_noisy": 20, "batch": 64, "lr": 3e-3, "lr_noisy": 3e-4, "p_right": 0.1}
 VERSION = 1
-ALIASES = ("tiny",)
+ALIASES = ("tiny", "smollm2-135m")
 
 
 def cache_root() -> Path:
@@ -45,11 +45,17 @@ def resolve(path: str, seed: int = 0, log=print) -> Path:
         if not (target / "config.json").exists():
             build_tiny(target, seed, log)
         return target
+    if path == "smollm2-135m":
+        from nodes import smollm2
+        target = cache_root() / "models" / smollm2.FOLDER
+        if not (target / "config.json").exists():
+            smollm2.materialise(target, log)
+        return target
     p = Path(path).expanduser()
     if not (p / "config.json").exists():
         from omnigraph.errors import GraphError
         raise GraphError(f"'{path}' is not a Hugging Face model directory (no config.json)", where="model.path",
-                         fix="use 'tiny' or a folder made by save_pretrained")
+                         fix="use 'tiny', 'smollm2-135m' or a folder made by save_pretrained")
     return p
 
 

@@ -9,9 +9,19 @@ user brings their own the same way.
 0.5
 >>> digits_match("copy 4071:", " 40712", target="4071")
 0.8
+>>> arithmetic_reward("What is 13 + 14?", "27", target="27")
+1.0
+>>> arithmetic_reward("What is 13 + 14?", "13 + 14 = 27", target="27")
+0.8
+>>> arithmetic_reward("What is 13 + 14?", "25", target="27")
+0.2
 """
 
 from __future__ import annotations
+
+import re
+
+NUMBER = re.compile(r"-?\d+")
 
 
 def digits_match(prompt: str, completion: str, *, target: str, **meta) -> float:
@@ -26,3 +36,15 @@ def digits_match(prompt: str, completion: str, *, target: str, **meta) -> float:
         return 0.0
     hits = sum(a == b for a, b in zip(answer, target))
     return hits / max(len(answer), len(target))
+
+
+def arithmetic_reward(prompt: str, completion: str, *, target: str, **meta) -> float:
+    """Exact match (0.8) plus format (0.2).
+
+    - exact match: the last number in the reply is the target;
+    - format: the reply is one number and nothing else (what the prompt asks for).
+    """
+    numbers = NUMBER.findall(completion)
+    correct = bool(numbers) and numbers[-1] == target
+    formatted = NUMBER.fullmatch(completion.strip()) is not None
+    return 0.8 * correct + 0.2 * formatted

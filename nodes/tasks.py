@@ -1,5 +1,8 @@
 """Prompt sets. A task yields batches of prompts, deterministically from its seed.
 
+``arithmetic`` (for a small instruct model): ``"What is 13 + 14? Reply with
+just the number."``, target ``"27"``, in the model's chat template.
+
 ``digits``: each prompt shows a number and asks for its digits back, e.g.
 ``"copy 4071:"`` with target ``"4071"``. The reward
 (:func:`nodes.rewards.digits_match`) scores the completion position by
@@ -59,7 +62,41 @@ class Digits:
         return [self._draw(rng, held_out=True) for _ in range(self.eval_prompts)]
 
 
-TASKS = {"digits": Digits}
+class Arithmetic:
+    """Add two numbers of ``1..max_operand``; the reply should be the sum and nothing else.
+
+    A chat task (``chat = True``): the rollout wraps each prompt in the model's chat template,
+    after the system message ``SYSTEM``. Pairs whose hash falls in the held-out slice are the
+    eval split. Scored by :func:`nodes.rewards.arithmetic_reward`.
+
+    >>> Arithmetic(prompts=1, seed=0).batch(0)[0]
+    Prompt(text='What is 5 + 18? Reply with just the number.', meta={'target': '23'})
+    """
+
+    chat = True
+    SYSTEM = "You are a helpful assistant. You answer arithmetic questions correctly."
+
+    def __init__(self, prompts: int, seed: int = 0, max_operand: int = 20, eval_prompts: int = 64,
+                 eval_every: int = 10):
+        self.prompts, self.seed, self.max_operand = prompts, seed, max_operand
+        self.eval_prompts, self.eval_every = eval_prompts, eval_every
+
+    def _draw(self, rng: random.Random, held_out: bool) -> Prompt:
+        while True:
+            a, b = rng.randint(1, self.max_operand), rng.randint(1, self.max_operand)
+            if (zlib.crc32(f"{a}+{b}".encode()) % self.eval_every == 0) == held_out:
+                return Prompt(f"What is {a} + {b}? Reply with just the number.", {"target": str(a + b)})
+
+    def batch(self, step: int) -> list[Prompt]:
+        rng = random.Random(f"{self.seed}:train:{step}")
+        return [self._draw(rng, held_out=False) for _ in range(self.prompts)]
+
+    def eval_set(self) -> list[Prompt]:
+        rng = random.Random(f"{self.seed}:eval")
+        return [self._draw(rng, held_out=True) for _ in range(self.eval_prompts)]
+
+
+TASKS = {"digits": Digits, "arithmetic": Arithmetic}
 
 
 def make_task(spec) -> Any:

@@ -3,26 +3,43 @@
 They share one :class:`Policy` per actor (``ctx.state.store["policy"]``): the
 model being trained (optionally LoRA-wrapped with peft), its optimizer, and
 the frozen reference model when a ``ref_logprob`` node asks for one.
+
+Devices and precision. The model, the optimizer state and every tensor of the
+computation live on ``ctx.device`` (``cuda`` for a pool with ``gpus > 0``);
+batches arrive as host tensors, are moved there once per call, and the
+fields a node adds go back as host tensors. On CUDA, ``model.dtype:
+bfloat16`` is mixed precision: fp32 master weights and fp32 AdamW state
+(fused kernel), forward and backward under bf16 autocast, and ``sync``
+exports the weights cast to bf16 (what the rollout holds): AdamW steps of
+lr ~1e-6 on bf16 weights would mostly round away. On the CPU the parameters
+themselves take ``model.dtype`` (as before).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from collections import deque
 from pathlib import Path
 
 import torch
 
 from omnigraph.data import SampleBatch, Weights
+from omnigraph.tensors import TensorPack, to_device
 from nodes import models
 from nodes.hf import position_ids
 from nodes.losses import entropy, masked_mean, policy_loss, token_logprobs
 
 
 class Policy:
-    def __init__(self, spec, update_spec):
+    def __init__(self, spec, update_spec, device: str = "cpu"):
         path = models.resolve(spec.model.path, spec.model.seed)
         torch.manual_seed(spec.runtime.seed)
-        self.model, self.tok = models.load(path, spec.model.dtype)
+        self.device = torch.device(device)
+        self.dtype = spec.model.dtype
+        self.autocast = self.device.type == "cuda" and self.dtype == "bfloat16"
+        self.model, self.tok = models.load(path, "float32" if self.autocast else self.dtype, self.device)
         self.path = path
         self.lora = update_spec.lora if update_spec is not None else None
         if self.lora is not None:
@@ -32,32 +49,48 @@ class Policy:
         params = [p for p in self.model.parameters() if p.requires_grad]
         lr = update_spec.lr if update_spec is not None else 1e-3
         wd = update_spec.weight_decay if update_spec is not None else 0.0
-        self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=wd)
+        self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=self.device.type == "cuda")
         self.ref = None
+        self.exports: deque = deque(maxlen=2)
+        """The last weight exports, kept alive while a receiver may still be opening them (cuda-ipc)."""
 
     @staticmethod
     def of(ctx) -> "Policy":
         store = ctx.state.store
         if "policy" not in store:
             upd = next((n for n in ctx.spec.nodes.values() if n.kind == "update"), None)
-            store["policy"] = Policy(ctx.spec, upd)
+            store["policy"] = Policy(ctx.spec, upd, ctx.device)
         return store["policy"]
 
     def reference(self):
         if self.ref is None:
-            self.ref, _ = models.load(self.path)
+            self.ref, _ = models.load(self.path, "bfloat16" if self.autocast else "float32", self.device)
             self.ref.eval()
         return self.ref
 
+    def amp(self):
+        """bf16 autocast on CUDA when ``model.dtype`` is bfloat16 (see the module docstring)."""
+        if self.autocast:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def on_device(self, batch: SampleBatch) -> SampleBatch:
+        """The batch with its tensor fields on the trainer's device (the same batch on the CPU)."""
+        if self.device.type == "cpu":
+            return batch
+        return batch.with_fields(**{k: to_device(v, self.device) for k, v in batch.fields.items()
+                                    if isinstance(v, torch.Tensor)})
+
     def logprobs(self, model, batch: SampleBatch, rows: slice, temperature: float, with_entropy: bool = False):
-        """Per-token logprobs ``[b, C]`` of the completion tokens of ``rows``."""
+        """Per-token logprobs ``[b, C]`` of the completion tokens of ``rows`` (``batch`` on the device)."""
         f = batch.fields
         P = batch.meta["prompt_len"]
         C = f["input_ids"].shape[1] - P
         # only as many completion columns as the longest completion of these rows: padding costs compute
         c = max(1, int(f["response_mask"][rows].sum(1).max()))
         ids, mask = f["input_ids"][rows, :P + c], f["attention_mask"][rows, :P + c]
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
+        with self.amp():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
         logits = logits[:, P - 1:-1]
         pad = (0, C - c)
         lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature), pad)
@@ -97,14 +130,15 @@ class Logprob:
         was = model.training
         model.eval()
         T = batch.meta.get("temperature", 1.0)
-        parts = [pol.logprobs(model, batch, s, T) for s in _micro(len(batch), self.spec.micro_batch_size)]
+        dev = pol.on_device(batch)
+        parts = [pol.logprobs(model, dev, s, T) for s in _micro(len(batch), self.spec.micro_batch_size)]
         model.train(was)
         key = "old_logprob" if self.spec.kind == "old_logprob" else "ref_logprob"
-        lp = torch.cat(parts) * batch.fields["response_mask"]
+        lp = torch.cat(parts) * dev.fields["response_mask"]
         if key == "old_logprob":
-            diff = (lp - batch.fields["logprob"]).abs() * batch.fields["response_mask"]
+            diff = (lp - dev.fields["logprob"]).abs() * dev.fields["response_mask"]
             self.ctx.log(behav_vs_old_logprob_maxdiff=float(diff.max()))
-        return {"batch": batch.with_fields(**{key: lp})}
+        return {"batch": batch.with_fields(**{key: lp.cpu()})}
 
 
 class Update:
@@ -119,12 +153,13 @@ class Update:
         s, pol = self.spec, self.policy
         model = pol.model
         model.train()
-        f = batch.fields
         n = len(batch)
         if n == 0:                       # every sample dropped as too stale
             return {"weights": Weights(version=0)}
+        batch = pol.on_device(batch)
+        f = batch.fields
         T = batch.meta.get("temperature", 1.0)
-        adv = torch.tensor(f["advantage"], dtype=torch.float32)
+        adv = torch.tensor(f["advantage"], dtype=torch.float32, device=pol.device)
         behav = f["logprob"]
         fused = batch.meta.get("old_logprob") == "fused"
         old = f.get("old_logprob", behav)
@@ -157,6 +192,8 @@ class Update:
             stats.setdefault("grad_norm", []).append(float(gn))
             pol.opt.step()
         minis = len(_micro(n, mb))
+        if pol.device.type == "cuda":
+            stats["gpu_mem_gb"] = [torch.cuda.max_memory_allocated(pol.device) / 1e9]
         self.ctx.log(**{k: (max(v) if k.endswith("_max") else
                             sum(v) / (minis if k in ("clip_frac", "ratio_mean", "is_mean", "kl", "entropy",
                                                      "grad_norm") else 1))
@@ -182,22 +219,71 @@ class Update:
 
 
 class Sync:
-    """Export the trainer's weights for the rollout: the full state dict, or LoRA adapter tensors only."""
+    """Export the trainer's weights for the rollout: the full state dict, or LoRA adapter tensors only.
+
+    On the CPU: a dict of cloned tensors, pickled through the channel's shared memory. On a GPU the path
+    is chosen from the placement (:func:`weights_path`):
+
+    - ``nccl`` (trainer and rollout on whole GPUs of their own): the bytes go by NCCL broadcast in buckets
+      of ``bucket_mb`` (:mod:`omnigraph.weightsync`) and the value returned is their description only;
+      without a group (the ``local`` executor: one process) the pack is handed over in-process;
+    - ``cuda-ipc`` (sharing a card), ``device`` or ``host``: a :class:`~omnigraph.tensors.TensorPack` in the
+      rollout's dtype, one flat buffer.
+    """
 
     def __init__(self, name, spec, ctx):
-        self.spec, self.ctx = spec, ctx
+        self.name, self.spec, self.ctx = name, spec, ctx
         self.policy = Policy.of(ctx)
+        self.path = weights_path(ctx, name) if self.policy.device.type == "cuda" else "host"
+        self._told = False
+        self._meta = None
 
     @torch.no_grad()
     def __call__(self, step: int, weights: Weights) -> dict:
         t0 = time.perf_counter()
-        model = self.policy.model
+        pol = self.policy
+        model = pol.model
         if self.spec.payload == "lora":
             from peft import get_peft_model_state_dict
-            tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+            state = get_peft_model_state_dict(model)
         else:
-            tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            state = model.state_dict()
+        path = self.path
+        if path == "nccl":
+            from omnigraph import weightsync
+            group = weightsync.group(weightsync.group_name(self.name))
+            if group is not None:
+                if self._meta is None:
+                    self._meta = weightsync.describe(state, group.name, dtype=getattr(torch, pol.dtype),
+                                                     bucket_bytes=int(self.spec.bucket_mb * (1 << 20)))
+                weightsync.send(self._meta, state, group)
+                tensors, nbytes = self._meta, self._meta.nbytes
+            else:
+                path = "device"          # one process (local executor): no group, no copy through NCCL
+        if path != "nccl" and pol.device.type == "cuda":
+            tensors = TensorPack.pack(state, dtype=getattr(torch, pol.dtype), path=path)
+            if path == "host":
+                tensors = TensorPack({k: b.cpu() for k, b in tensors.buffers.items()}, tensors.layout, "host")
+            torch.cuda.current_stream(pol.device).synchronize()
+            pol.exports.append(tensors)
+            nbytes = tensors.nbytes
+        elif path != "nccl":
+            tensors = {k: v.detach().clone() for k, v in state.items()}
+            nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        if not self._told and pol.device.type == "cuda":
+            how = f" in {len(tensors.buckets)} buckets of <= {self.spec.bucket_mb:g} MB" if path == "nccl" else ""
+            print(f"sync: weights travel by {path}{how} ({nbytes / 1e6:.1f} MB, {pol.dtype})", flush=True)
+            self._told = True
         self.ctx.log(sync_bytes=nbytes, sync_export_s=time.perf_counter() - t0)
         return {"weights": Weights(version=weights.version, tensors=tensors, payload=self.spec.payload,
                                    nbytes=nbytes)}
+
+
+def weights_path(ctx, name: str) -> str:
+    """How ``sync``'s tensors reach their consumers: ``nccl``, ``cuda-ipc``, ``device`` or ``host``
+    (:func:`omnigraph.weightsync.choose_path`). ``OMNIGRAPH_WEIGHTS_PATH`` overrides the choice."""
+    forced = os.environ.get("OMNIGRAPH_WEIGHTS_PATH")
+    if forced:
+        return forced
+    from omnigraph.weightsync import choose_path
+    return choose_path(ctx.spec, name)

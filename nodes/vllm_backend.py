@@ -71,28 +71,30 @@ def cpu_list(cpus) -> str:
 
 
 def engine_env() -> dict[str, str]:
-    """Environment vLLM's CPU backend needs; a value already set in the environment wins.
+    """Environment vLLM's CPU backend needs.
 
+    - the OpenMP threads: one per CPU this process may use (its affinity: the cores
+      ``runtime.pin_cpus`` gave the actor), bound to them, none kept back for the front end
+      (on a 2-core machine the default keeps one idle). Always from the affinity, never
+      inherited: a binding that names other cores than the process has stops vLLM's
+      attention kernels ("thread_num (2 vs. 1)"); ``OMP_NUM_THREADS`` likewise (Ray sets 1);
     - ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): without it start-up fails its memory check;
-    - bind the OpenMP threads to all the CPUs this process may use, none kept back for
-      the front end (on a 2-core machine the default keeps one idle);
     - the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): starts in
       seconds, weights are handed over without copying; works inside a Ray actor;
-    - ``OMP_NUM_THREADS``: Ray sets 1 in actors, which would leave vLLM one thread;
-    - caches under omnigraph's cache folder.
+    - caches under omnigraph's cache folder; logging at errors only.
+    For these, a value already set in the environment wins.
     """
     cpus = sorted(os.sched_getaffinity(0))
     cache = models.cache_root()
     env = {"VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": cpu_list(cpus),
-           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "VLLM_CACHE_ROOT": str(cache / "vllm"),
            "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-           "VLLM_NO_USAGE_STATS": "1"}
+           "VLLM_NO_USAGE_STATS": "1",
+           "VLLM_LOGGING_LEVEL": "ERROR"}
     out = {k: os.environ.get(k, v) for k, v in env.items()}
-    if os.environ.get("OMP_NUM_THREADS", "1") == "1":          # Ray's default in actors
-        out["OMP_NUM_THREADS"] = str(len(cpus))
+    out |= {"VLLM_CPU_OMP_THREADS_BIND": cpu_list(cpus), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "OMP_NUM_THREADS": str(len(cpus))}
     return out
 
 
@@ -196,6 +198,8 @@ class VllmGenerate(Rollout):
         self.version = 0
         self.lora = next((n.lora for n in g.nodes.values() if n.kind == "update" and n.lora), None)
         self.lora_request = None
+        self.merged = self.lora is not None and spec.lora_serving == "merged"
+        self.dtype = spec.dtype or g.model.dtype
         stops = [self.tok.convert_tokens_to_ids(self.tok.tokenize(s))[0] for s in spec.stop if self.tok.tokenize(s)]
         self.stop_ids = [self.tok.eos_token_id] + stops
 
@@ -204,21 +208,28 @@ class VllmGenerate(Rollout):
         _patch_sampler()
         from vllm import LLM
         t0 = time.perf_counter()
-        kwargs = dict(model=str(self.path), dtype=g.model.dtype, enforce_eager=True, seed=ctx.seed,
+        kwargs = dict(model=str(self.path), dtype=self.dtype, enforce_eager=True, seed=ctx.seed,
                       worker_extension_cls="nodes.vllm_backend.WeightLoader",
-                      logprobs_mode="processed_logprobs", disable_log_stats=True)
-        if self.lora is not None:
+                      logprobs_mode="processed_logprobs", disable_log_stats=True,
+                      enable_chunked_prefill=False)    # see the note on seeds in sample()
+        if self.lora is not None and not self.merged:
             kwargs.update(enable_lora=True, max_lora_rank=lora_rank(self.lora.r), max_loras=1)
+        print(f"{name}: starting the vLLM engine ({self.path.name}, {self.dtype}"
+              f"{', LoRA ' + spec.lora_serving if self.lora else ''})", flush=True)
         self.llm = LLM(**{**kwargs, **self.engine_args})
         self.ctx.log(engine_start_s=time.perf_counter() - t0)
+        print(f"{name}: vLLM engine ready in {time.perf_counter() - t0:.1f} s", flush=True)
         self._shm = None
+        self._base = None           # merged serving: the base weights of the LoRA-targeted layers
 
     # -- weights -------------------------------------------------------------
     def apply(self, weights: Weights) -> None:
         if weights.version == self.version or weights.tensors is None:
             return
         t0 = time.perf_counter()
-        if weights.payload == "lora":
+        if weights.payload == "lora" and self.merged:
+            self._load_full(self._merge(weights.tensors))
+        elif weights.payload == "lora":
             self._load_lora(weights)
         else:
             self._load_full(weights.tensors)
@@ -241,6 +252,27 @@ class VllmGenerate(Rollout):
                 path.unlink(missing_ok=True)
         self.llm.reset_prefix_cache()
 
+    def _merge(self, adapter: dict) -> dict:
+        """Adapter tensors -> the full weights, ``W + (alpha / r) B A`` in the adapted layers.
+
+        All of them: vLLM's ``reload_weights`` rebuilds the model from what it is given (layers left
+        out come back empty), so the base weights stay in this process for the next merge."""
+        if self._base is None:
+            from safetensors.torch import load_file
+            self._base = {}
+            for f in sorted(self.path.glob("*.safetensors")):
+                self._base.update(load_file(str(f)))
+        scale = self.lora.alpha / self.lora.r
+        out = dict(self._base)
+        for k, a in adapter.items():
+            if "lora_A" not in k:
+                continue
+            stem = _lora_stem(k)
+            b = adapter[k.replace("lora_A", "lora_B")]
+            w = self._base[stem + ".weight"]
+            out[stem + ".weight"] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
+        return out
+
     def _load_lora(self, weights: Weights) -> None:
         """A peft adapter folder for this version, then a new ``LoRARequest`` that names it."""
         from peft import LoraConfig
@@ -261,15 +293,15 @@ class VllmGenerate(Rollout):
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     # -- sampling ------------------------------------------------------------
-    def prompt_ids(self, text: str) -> list[int]:
-        """bos + the tokenizer's ids for ``text`` (nothing added): what the ``hf`` backend feeds."""
-        return [self.tok.bos_token_id] + self.tok(text, add_special_tokens=False).input_ids
-
     def sample(self, texts: list[str], n: int, *, greedy: bool, seed: int) -> dict:
+        """Seeded sampling needs whole-prompt prefills: with chunked prefill, vLLM rewinds a
+        request's generator after a partial prefill, which CPU generators cannot do ("CPU Generator
+        does not use offset", seen at 128 prompts of ~50 tokens); the engine is started with
+        ``enable_chunked_prefill=False``."""
         from vllm import SamplingParams
         s, tok = self.spec, self.tok
         C = s.max_new_tokens
-        prompts = [self.prompt_ids(t) for t in texts]
+        prompts = [self.encode(t) for t in texts]
         params = [SamplingParams(n=n, max_tokens=C, stop_token_ids=self.stop_ids,
                                  temperature=0.0 if greedy else s.temperature,
                                  top_p=1.0 if greedy else s.top_p,
@@ -302,8 +334,10 @@ class VllmGenerate(Rollout):
         return {"input_ids": ids, "attention_mask": mask, "response_mask": alive, "logprob": lp,
                 "completion": texts_out, "prompt_len": P}
 
-    def prompt_len(self, text: str) -> int:
-        return len(self.prompt_ids(text))
+
+def _lora_stem(key: str) -> str:
+    """``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`` -> ``model.layers.0.self_attn.q_proj``."""
+    return key.removeprefix("base_model.model.").split(".lora_")[0]
 
 
 def merge_lora_state(tensors: dict, lora) -> dict:

@@ -85,19 +85,38 @@ def _compile(args, extra: list[str] = (), cluster: dict[str, float] | None = Non
     return compile(args.graph, overrides=list(args.overrides) + list(extra), cluster=cluster)
 
 
+def check_cluster() -> dict[str, float]:
+    """What ``check`` holds the pools to: this machine's CPUs, and its GPUs only when it has some
+    (a GPU graph is checked on a laptop; ``run`` still needs the GPUs)."""
+    cluster = local_cluster()
+    if not cluster["gpus"]:
+        del cluster["gpus"]
+    return cluster
+
+
+def _gpu_note(plan) -> list[str]:
+    want = sum(a.gpus for a in plan.actors.values())
+    if want and local_cluster()["gpus"] < want:
+        return [f"the pools ask for {want:g} GPU(s) and this machine has {local_cluster()['gpus']:g}: "
+                "omnigraph run needs a machine with them"]
+    return []
+
+
 def cmd_check(args) -> int:
     if not args.json:
-        plan = _compile(args, cluster=local_cluster())
+        plan = _compile(args, cluster=check_cluster())
         print(plan)
+        for note in _gpu_note(plan):
+            print(f"\nnote: {note}")
         print(f"\nvalid: staleness bound {plan.bound}")
         return 0
     report: dict[str, Any] = {"valid": False, "staleness_bound": None, "warnings": [], "errors": []}
     try:
-        plan = _compile(args, cluster=local_cluster())
+        plan = _compile(args, cluster=check_cluster())
     except GraphError as e:
         report["errors"] = [str(x) for x in getattr(e, "errors", [e])]
     else:
-        report.update(valid=True, staleness_bound=plan.bound, warnings=plan.warnings, name=plan.name,
+        report.update(valid=True, staleness_bound=plan.bound, warnings=plan.warnings + _gpu_note(plan), name=plan.name,
                       mode=plan.graph.spec.schedule.mode, steps=plan.steps, fill=plan.fill,
                       predicted_step_s=round(plan.prediction.step_s, 6),
                       actors={a: [t.label for t in ts] for a, ts in plan.order.items()})

@@ -56,6 +56,7 @@ class ActorHarness:
                     self.nodes[name] = make_node(g.nodes[name], ctx)
                 except Exception as e:  # noqa: BLE001 - reported with the node's name
                     raise NodeFailure(name, -1, e) from e
+        self.startup = {name: dict(ctx.metrics) for name, ctx in self.contexts.items() if ctx.metrics}
 
     # -- the two entry points ------------------------------------------------
     def run(self, node: str, step: int, inputs: dict[int, list[Any]]) -> dict[str, Any]:
@@ -65,13 +66,13 @@ class ActorHarness:
             if e.index in inputs:
                 value = self._gather(e, inputs[e.index])
                 if e.state:
-                    self.lines[e.index].push(step, value)
+                    self.lines[e.index].push(step, self._arrive(e, value))
                     value = self.lines[e.index].read(step)
             else:
                 value = self.lines[e.index].read(step)
             kwargs[e.dst_port] = value
         ctx = self.contexts[node]
-        ctx.metrics = {}
+        ctx.metrics = self.startup.pop(node, {})        # a node's first record also says how it started
         kind = g.nodes[node].kind
         record: dict[str, Any] = {"node": node, "actor": self.actor, "step": step}
         if kind == "update":
@@ -104,7 +105,8 @@ class ActorHarness:
 
     def stash(self, edge: int, step: int, values: list[Any]) -> None:
         e = self.plan.graph.edges[edge]
-        self.lines[edge].push(step, self._gather(e, values))
+        value = self._gather(e, values)
+        self.lines[edge].push(step, self._arrive(e, value) if e.state else value)
 
     def finish(self, run_dir: str) -> None:
         """End of the run: nodes that keep something (the trainer's final weights) save it."""
@@ -129,8 +131,10 @@ class ActorHarness:
             state["torch_rng"] = torch.get_rng_state()
         except ImportError:
             pass
+        from .tensors import portable
         buf = io.BytesIO()
-        pickle.dump(state, buf, protocol=pickle.HIGHEST_PROTOCOL)
+        with portable():            # weights packs as host tensors, never as CUDA IPC handles
+            pickle.dump(state, buf, protocol=pickle.HIGHEST_PROTOCOL)
         return buf.getvalue()
 
     def restore_bytes(self, blob: bytes) -> None:
@@ -160,6 +164,20 @@ class ActorHarness:
         return {i: len(line) for i, line in self.lines.items() if not line.state}
 
     # -- internals -----------------------------------------------------------
+    def _arrive(self, e, value: Any) -> Any:
+        """Weights whose bytes come over NCCL (``omnigraph.weightsync``) are received now, as they arrive:
+        every receiver takes each broadcast once, in the order the sender sent them. Straight into the
+        consumer's model when the next read of this line is this value (delay <= 1) and the node can
+        (``receive``); else into fresh tensors held in the line."""
+        tensors = getattr(value, "tensors", None)
+        if not getattr(tensors, "pending", False):
+            return value
+        node = self.nodes.get(e.dst)
+        if e.delay <= 1 and hasattr(node, "receive"):
+            return node.receive(value)
+        from .weightsync import fetch
+        return Weights(value.version, tensors=fetch(tensors), payload=value.payload, nbytes=value.nbytes)
+
     def _gather(self, e, values: list[Any]) -> Any:
         from .plan import aligned
         if e.state or aligned(self.plan.graph, e):

@@ -5,8 +5,11 @@ Lowering rules (DESIGN.md, "Lowering onto Ray Compiled Graphs"):
 - every pool becomes ``actors`` actors named ``<pool>.<rank>``;
 - a node runs on every actor of its pool (its data-parallel ranks), except
   ``sync``, which exports once, from rank 0;
-- a zero-delay edge between actors is a channel (``shm`` on one host,
-  ``nccl`` between GPU actors), within an actor a plain local value;
+- a zero-delay edge between actors is a channel (``shm``: batches are host
+  tensors), within an actor a plain local value; weights from ``sync`` go
+  ``nccl`` between whole GPUs (a torch.distributed group carries the bytes,
+  the channel their description: :mod:`omnigraph.weightsync`) or
+  ``cuda-ipc`` between pools sharing a card;
 - a delayed edge is a FIFO buffer held inside the consumer's actor: the
   consumer's ``run`` pops the value of ``t - d`` and a later ``stash`` task on
   the same actor stores this step's value. For weights the stash is the
@@ -64,7 +67,7 @@ class Channel:
     src: Task
     dst: Task
     edge: Edge
-    transport: str            # "local", "shm" or "nccl"
+    transport: str            # "local", "shm", "nccl" or "cuda-ipc" (weights between pools sharing a GPU)
 
 
 @dataclass
@@ -206,6 +209,15 @@ def _transport(graph: Graph, src_actor: str, dst_actor: str, e: Edge) -> str:
         return "local"
     if e.transport != "auto":
         return e.transport
+    src = graph.nodes[e.src]
+    if e.state and src.kind == "sync" and getattr(src.spec, "backend", "") == "torch":
+        # the sync node's own choice (omnigraph.weightsync): nccl = a torch.distributed group carries the
+        # bytes and the channel only their description; cuda-ipc = only a handle crosses
+        from .weightsync import choose_path
+        path = choose_path(graph.spec, e.src)
+        return path if path in ("nccl", "cuda-ipc") else "shm"
     pools = graph.spec.pools
     gpu = [pools[a.rsplit(".", 1)[0]].gpus for a in (src_actor, dst_actor)]
-    return "nccl" if all(g >= 1 for g in gpu) else "shm"
+    if e.state and all(0 < g < 1 for g in gpu) and not graph.spec.runtime.address:
+        return "cuda-ipc"       # weights between pools sharing a card: only a handle crosses (omnigraph.tensors)
+    return "shm"                # batches are host tensors: shared memory (or the object store), also between GPUs

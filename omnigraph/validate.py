@@ -26,7 +26,7 @@ from .ports import compatible, signature
 from .spec import GraphSpec
 
 TRAINER_KINDS = ("old_logprob", "ref_logprob", "update")
-MODEL_ALIASES = ("tiny",)
+MODEL_ALIASES = ("tiny", "smollm2-135m")
 
 
 class _Errors:
@@ -61,6 +61,7 @@ def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
     _rates(nodes, edges, errors)
     _batch_arithmetic(spec, nodes, errors)
     _placement(spec, cluster, errors)
+    _weights_transport(spec, nodes, errors)
     _references(spec, nodes, errors)
     errors.raise_if_any()
     graph = Graph(name=spec.name, spec=spec, nodes=nodes, edges=edges, topo=topo)
@@ -290,6 +291,28 @@ def _placement(spec: GraphSpec, cluster: dict[str, float] | None, errors: _Error
                        where="pools", fix=f"lower pools.*.{res} or actors, or join a larger cluster (--address)")
 
 
+def _weights_transport(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
+    """Weights over NCCL (``omnigraph.weightsync``): only between whole GPUs, one receiving node per pool."""
+    from .weightsync import choose_path
+    for n in nodes.values():
+        if n.kind != "sync":
+            continue
+        outs = [e for e in spec.edges if e.src == n.name and e.dst in nodes]
+        path = choose_path(spec, n.name) if n.backend == "torch" else "none"
+        for e in outs:
+            if e.transport == "nccl" and path != "nccl":
+                errors.add(f"transport: nccl on the weights edge {e.arrow} needs the pools of '{n.name}' and "
+                           f"'{e.dst}' on whole GPUs of their own (gpus >= 1; here {spec.pools[n.pool].gpus:g} and "
+                           f"{spec.pools[nodes[e.dst].pool].gpus:g}) and a torch sync node",
+                           where=f"edges.{e.arrow}", fix="remove transport (auto picks the path) or give both "
+                                                          "pools gpus: 1")
+        pools = [nodes[e.dst].pool for e in outs]
+        if path == "nccl" and len(set(pools)) < len(pools):
+            errors.add(f"'{n.name}' sends its weights over NCCL to several nodes of one pool: each actor can "
+                       "receive one broadcast per sync", where=f"nodes.{n.name}",
+                       fix="send the weights to one node per pool, or set transport: shm on these edges")
+
+
 def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
     from nodes.tasks import TASKS
     if spec.task.name not in TASKS and ":" not in spec.task.name:
@@ -301,6 +324,9 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
         if n.kind == "custom":
             _resolvable(n.spec.cls, f"nodes.{n.name}.cls", errors)
     for n in nodes.values():
+        if n.kind == "generate" and n.spec.lora_serving == "merged" and n.backend != "vllm":
+            errors.add(f"lora_serving: merged is a vllm backend option (this node uses backend {n.backend})",
+                       where=f"nodes.{n.name}.lora_serving", fix="remove it, or set backend: vllm")
         if n.kind == "update" and n.backend == "torch" and spec.pools[n.pool].actors > 1:
             errors.add(f"data-parallel training over {spec.pools[n.pool].actors} trainer actors is not supported "
                        "by backend torch yet", where=f"pools.{n.pool}.actors", fix="use 1 trainer actor")

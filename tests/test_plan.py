@@ -73,6 +73,7 @@ def test_data_parallel_ranks_are_aligned_within_a_pool():
     assert {c.dst.actor for c in weights} == {"rollout.0", "rollout.1"} and {c.src.actor for c in weights} == {"trainer.0"}
 
 
-def test_gpu_pools_get_nccl_channels():
+def test_gpu_pools_send_batches_through_shared_memory():
+    # batches are host tensors; only a torch sync's weights go over NCCL (tests/test_weightsync.py)
     plan = og.compile(canonical_spec("one_step_off"), overrides=["pools.trainer.gpus=1", "pools.rollout.gpus=1"])
-    assert {c.transport for c in plan.channels if c.src.actor != c.dst.actor} == {"nccl"}
+    assert {c.transport for c in plan.channels if c.src.actor != c.dst.actor} == {"shm"}

@@ -24,6 +24,8 @@ class Executor:
     def __init__(self, plan, **options: Any):
         self.plan = plan
         self.options = options
+        self.on_status = options.get("on_status") or (lambda text: None)
+        """Called with a line of text while slow work (actors starting, engines loading) goes on."""
 
     def start(self) -> None:
         """Create the actors and build every node (models load here)."""

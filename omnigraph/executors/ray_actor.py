@@ -50,8 +50,9 @@ class GraphActor:
     # -- classic calls (before the graph starts, or concurrently with it) ----
     def ready(self) -> dict[str, Any]:
         import ray
-        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
-                "error": self.init_error}
+        ctx = ray.get_runtime_context()
+        return {"pid": os.getpid(), "node_id": ctx.get_node_id(), "error": self.init_error,
+                "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])], "cuda": _cuda_info()}
 
     def status(self) -> tuple[str, int, float] | None:
         """What this actor is doing now: (operation, step, seconds so far), or None when idle."""
@@ -72,6 +73,21 @@ class GraphActor:
 
     def restore(self, blob: bytes) -> None:
         self.harness.restore_bytes(blob)
+
+    def open_store(self, group: str) -> tuple[str, int]:
+        """Rank 0 of a weights group: a TCP store on a free port of this host (omnigraph.weightsync)."""
+        import ray
+        from ..weightsync import open_store
+        return open_store(group, ray.util.get_node_ip_address())
+
+    def join_group(self, group: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> str | None:
+        """Join a weights group (every member at once); an error comes back as text."""
+        from ..weightsync import join
+        try:
+            join(group, host, port, rank, world, timeout_s)
+        except Exception as e:  # noqa: BLE001 - reported by the driver with the actor's name
+            return f"{type(e).__name__}: {e}"
+        return None
 
     def cpu_times(self) -> tuple[float, float]:
         t = os.times()
@@ -141,8 +157,24 @@ class GraphActor:
         return {"actor": self.actor, "records": records, "failed": failed}
 
 
+def _cuda_info() -> dict[str, Any] | None:
+    """The card this actor computes on (None without CUDA): its uuid, name and memory in use."""
+    import sys
+    torch = sys.modules.get("torch")          # only when the nodes imported it: never start CUDA here
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    from ..tensors import device_uuid
+    return {"uuid": device_uuid(), "name": torch.cuda.get_device_name(),
+            "allocated_gb": round(torch.cuda.memory_allocated() / 1e9, 3),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
 def _set_threads(cpus: float) -> None:
-    """Compute threads = the actor's CPUs (Ray pins OMP_NUM_THREADS; torch must agree)."""
+    """Compute threads = the actor's CPUs (Ray pins OMP_NUM_THREADS; torch must agree); with
+    ``OMNIGRAPH_PIN_CPUS`` (see ``ray_common.core_layout``) the process runs on those cores only."""
+    pinned = os.environ.get("OMNIGRAPH_PIN_CPUS")
+    if pinned:
+        os.sched_setaffinity(0, [int(c) for c in pinned.split(",")])
     try:
         import torch
     except ImportError:

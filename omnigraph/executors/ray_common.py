@@ -24,7 +24,9 @@ def channel_bytes(plan) -> int:
     tokens = max((getattr(n.spec, "max_new_tokens", 0) for n in plan.graph.nodes.values()), default=0) + 64
     per_sample = tokens * 8 * 6 + 2048          # ids, masks, logprobs... as int64/float, plus texts
     est = samples * per_sample
-    if any(n.kind == "sync" and n.backend == "torch" for n in plan.graph.nodes.values()):
+    # weights fill a channel unless only a CUDA IPC handle crosses (or nccl carries the tensors)
+    weights_in_shm = any(c.edge.state and c.transport == "shm" for c in plan.channels)
+    if weights_in_shm and any(n.kind == "sync" and n.backend == "torch" for n in plan.graph.nodes.values()):
         from nodes import models
         est = max(est, models.weight_bytes(models.resolve(spec.model.path, spec.model.seed)))
     est = int(est * 1.25) + 65536
@@ -59,6 +61,29 @@ class RayExecutor(Executor):
         self._check_resources()
         self.actors = self._start_actors()
         self.info = self._ready()
+        self._join_weight_groups()
+
+    def _join_weight_groups(self) -> None:
+        """Weights over NCCL (omnigraph.weightsync): each group's sender opens a store on a free port of its
+        host, then every member joins at once (the communicator is made before the first step)."""
+        import ray
+        from ..weightsync import weight_groups
+        for name, members in weight_groups(self.plan).items():
+            host, port = ray.get(self.actors[members[0]].open_store.remote(name), timeout=60)
+            refs = [self.actors[a].join_group.remote(name, host, port, i, len(members), max(3600.0, 4 * self.timeout))
+                    for i, a in enumerate(members)]
+            try:
+                errors = ray.get(refs, timeout=START_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise GraphError(f"the NCCL group for weights ({', '.join(members)}) did not form within "
+                                 f"{START_TIMEOUT_S:.0f} s", where="pools",
+                                 fix="check that the GPUs can reach each other (NCCL_DEBUG=INFO says more), or "
+                                     "set transport: shm on the weights edge") from None
+            bad = [f"{a}: {err}" for a, err in zip(members, errors) if err]
+            if bad:
+                raise GraphError(f"the NCCL group for weights could not form ({'; '.join(bad)})", where="pools",
+                                 fix="set transport: shm on the weights edge to send them through Ray instead")
+            self.on_status(f"weights go over NCCL: {members[0]} -> {', '.join(members[1:])}")
 
     def _check_resources(self) -> None:
         """Fail at once, not after a long wait, when the pools cannot all be placed."""
@@ -83,30 +108,53 @@ class RayExecutor(Executor):
 
         # one call at a time keeps the plan's order; status() runs beside it in its own group
         remote = ray.remote(concurrency_groups={"control": 1})(GraphActor)
-        env = {k: v for k, v in os.environ.items() if k.startswith("OMNIGRAPH_")}
+        env = {k: v for k, v in os.environ.items() if k.startswith(("OMNIGRAPH_", "NCCL_", "TORCH_NCCL_",
+                                                                      "TORCH_SYMM_MEM_", "NVSHMEM_"))
+               and k != "OMNIGRAPH_PIN_CPUS"}
         env |= {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan)),
                 "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
                "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
+        spec = self.plan.graph.spec
+        cores = core_layout(self.plan, spec) if spec.runtime.pin_cpus else {}
         actors = {}
         for name, a in self.plan.actors.items():
+            pin = {"OMNIGRAPH_PIN_CPUS": ",".join(map(str, cores[name]))} if name in cores else {}
+            # OpenMP reads this once, when the process starts: set it here, not inherited
+            pin["OMP_NUM_THREADS"] = str(len(cores[name]) if name in cores else max(1, int(a.cpus)))
             actors[name] = remote.options(
                 num_cpus=a.cpus, num_gpus=a.gpus,
-                runtime_env={"env_vars": env}).remote(
+                runtime_env={"env_vars": env | pin}).remote(
                 self.plan, name, self.ops, self.signals.dir if self.signals else None, self.timeout)
         return actors
 
     def _ready(self) -> dict[str, dict[str, Any]]:
         import ray
         refs = {name: a.ready.remote() for name, a in self.actors.items()}
-        try:
-            info = dict(zip(refs, ray.get(list(refs.values()), timeout=START_TIMEOUT_S)))
-        except ray.exceptions.GetTimeoutError:
-            raise GraphError(f"the actors did not start within {START_TIMEOUT_S:.0f} s",
-                             fix="check that the pools' cpus/gpus fit the cluster (ray status)") from None
+        names = {r: n for n, r in refs.items()}
+        waiting, t0 = list(refs.values()), time.monotonic()
+        while waiting:                  # say who is still loading, every second, instead of looking hung
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=1.0)
+            elapsed = time.monotonic() - t0
+            if waiting and elapsed > START_TIMEOUT_S:
+                raise GraphError(f"the actors did not start within {START_TIMEOUT_S:.0f} s "
+                                 f"(still starting: {', '.join(names[r] for r in waiting)})",
+                                 fix="check that the pools' cpus/gpus fit the cluster (ray status)")
+            if waiting:
+                self.on_status("starting " + ", ".join(f"{names[r]} ({self._loading(names[r])})" for r in waiting)
+                               + f" {elapsed:.0f} s")
+        info = dict(zip(refs, ray.get(list(refs.values()))))
         for name, i in info.items():
             if i["error"]:
                 raise NodeFailure.from_message(i["error"])
         return info
+
+    def _loading(self, actor: str) -> str:
+        """What an actor loads while it starts, from its nodes: models, and vLLM engines."""
+        spec = self.plan.graph.spec
+        kinds = [spec.nodes[t.node] for t in self.plan.tasks if t.actor == actor and t.op == "run"]
+        if any(n.kind == "generate" and n.backend == "vllm" for n in kinds):
+            return "model + vLLM engine"
+        return "model" if any(getattr(n, "backend", "") not in ("synthetic", "python") for n in kinds) else "nodes"
 
     def steps(self, start: int = 0, barrier=None) -> Iterator[StepResult]:
         """Submit steps ahead and yield them in order; before a step where ``barrier(t)`` holds,
@@ -215,3 +263,18 @@ class RayExecutor(Executor):
             ray.shutdown()
             self._owns_ray = False
 
+
+
+def core_layout(plan, spec) -> dict[str, list[int]]:
+    """Cores for each actor on a local cluster: ``cpus`` whole cores each, in plan order, when the
+    actors together fit the cores this process may use; otherwise none (no pinning)."""
+    if spec.runtime.address:
+        return {}
+    free = sorted(os.sched_getaffinity(0))
+    want = {name: int(a.cpus) for name, a in plan.actors.items()}
+    if any(n < 1 or n != plan.actors[name].cpus for name, n in want.items()) or sum(want.values()) > len(free):
+        return {}
+    out, i = {}, 0
+    for name, n in want.items():
+        out[name], i = free[i:i + n], i + n
+    return out

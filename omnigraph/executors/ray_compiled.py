@@ -5,7 +5,12 @@ One execution of the compiled graph is one step. Lowering (DESIGN.md):
 - each operation of the program becomes ``actor.exec.bind(inp, op_id, chain, *producers)``;
   ``chain`` (the previous operation on the same actor) pins each actor's order;
 - a value between actors travels in a compiled-graph channel (shared memory on one
-  host, ``with_tensor_transport("nccl")`` between GPU actors);
+  host). Weights between whole GPUs go over omnigraph's own NCCL group
+  (:mod:`omnigraph.weightsync`): their channel carries only the description, so Ray's
+  NCCL channels (which assert on omnigraph's chained programs in Ray 2.60) are used only
+  for a data edge that asks for ``transport: nccl``, and then compiling stops with a
+  GraphError saying what to do; weights between pools sharing one GPU cross as a CUDA
+  IPC handle (:mod:`omnigraph.tensors`);
 - delayed edges are the harness's buffers: ``stash`` runs after the consumer's ``run``;
 - each actor's ``collect`` is an output of the graph.
 
@@ -46,18 +51,38 @@ class RayCompiledExecutor(RayExecutor):
                     node = node.with_tensor_transport(transport=transports[op.id])
                 outs[op.id] = last[op.actor] = node
             dag = MultiOutputNode([outs[op.id] for op in self.ops if op.kind == "collect"])
-        return dag.experimental_compile(_submit_timeout=self.timeout, _max_inflight_executions=IN_FLIGHT + 1)
+        try:
+            return dag.experimental_compile(_submit_timeout=self.timeout, _max_inflight_executions=IN_FLIGHT + 1)
+        except AssertionError as e:
+            # Seen with Ray 2.60 on two H200s: its NCCL scheduling (dag_node_operation) asserts on
+            # programs whose operations are chained on each actor, as omnigraph's are.
+            if "nccl" in transports.values():
+                from ..errors import GraphError
+                raise GraphError("Ray Compiled Graphs cannot schedule this graph's nccl channels (data edges "
+                                 "with transport: nccl)", where="edges",
+                                 fix="remove transport: nccl from the data edges (batches are host tensors; "
+                                     "weights go over NCCL anyway), or use --executor ray-tasks") from e
+            raise
 
     def _transports(self) -> dict[int, str]:
-        """Ops whose output crosses to another actor: hint tensors (shm on CPU, nccl between GPUs)."""
+        """Ops whose output crosses to another actor and gets a tensor transport hint: ``nccl`` only for
+        data edges that ask for it; none where an actor has whole GPUs (Ray's ``auto`` would pick NCCL
+        there; batches are host tensors and weights between whole GPUs travel over omnigraph's own group,
+        so a plain channel carries them); ``auto`` otherwise."""
         by_task = {op.task: op.id for op in self.ops if op.kind == "run"}
-        out: dict[int, str] = {}
+        whole = {name for name, a in self.plan.actors.items() if a.gpus >= 1}
+        out: dict[int, str | None] = {}
         for c in self.plan.channels:
             if c.transport == "local" or c.src not in by_task:
                 continue
             op = by_task[c.src]
-            out[op] = "nccl" if c.transport == "nccl" or out.get(op) == "nccl" else "auto"
-        return out
+            if (c.transport == "nccl" and not c.edge.state) or out.get(op) == "nccl":
+                out[op] = "nccl"
+            elif c.src.actor in whole or c.dst.actor in whole or (op in out and out[op] is None):
+                out[op] = None
+            else:
+                out[op] = "auto"
+        return {op: t for op, t in out.items() if t is not None}
 
     def _submit(self, t: int, fired: frozenset):
         return self.compiled.execute((t, tuple(sorted(fired))))

@@ -1,0 +1,319 @@
+"""GPU benchmark on one card: generation, update and weight-sync rates, sync vs one-step-off.
+
+Models, built on the GPU from their configs with random weights (the GPU
+machine reaches no model hub, and a run carries at most 64 MiB):
+
+- ``qwen2-0.5b``: Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV
+  heads, intermediate 4864, vocabulary 151936, tied embeddings: 494M parameters);
+- ``smollm2-135m``: the real SmolLM2-135M-Instruct when ``model.path:
+  smollm2-135m`` is already materialised in ``$OMNIGRAPH_CACHE``, else its
+  shape (hidden 576, 30 layers, 9 heads, 3 KV heads, vocabulary 49152) with
+  random weights: its 98 MB GGUF does not fit a 64 MiB run.
+
+A tokenizer with the embedded model's characters, padded to the model's
+vocabulary, makes each a model folder the real nodes load. For each model,
+with the real nodes (``nodes.hf.Generate``, ``nodes.trainer.Update``,
+``nodes.trainer.Sync``) in this process, bf16 as ``graphs/gpu/*.yaml`` says:
+
+- generation tokens/s (transformers ``generate``, sampled, with logits);
+- update tokens/s (forward + backward + AdamW over prompt and completion tokens);
+- weight sync: the trainer's export (one flat bf16 buffer), the receiver's
+  open of the CUDA IPC handle and copy in another process, its
+  ``load_state_dict``; against a device-to-device copy of the same bytes and
+  the host round trip (GPU -> host -> pickle -> GPU) in the same run.
+
+Then, on ``qwen2-0.5b``, ``omnigraph`` runs sync and one-step-off GRPO through
+the compiled graph (``ray`` executor), rollout and trainer sharing the card
+(0.5 GPU each), and reports seconds per step.
+
+    python bench/gpu.py [--quick] [--skip-runtime]
+
+Prints a table, then one JSON line (last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import pickle
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a local, loopback-only cluster
+
+import torch  # noqa: E402
+
+import omnigraph as og  # noqa: E402
+from omnigraph.data import Weights  # noqa: E402
+from omnigraph.node import ActorState, NodeContext  # noqa: E402
+from omnigraph.tensors import TensorPack  # noqa: E402
+
+GPU_GRAPH = ROOT / "graphs" / "gpu" / "grpo_one_step_off.yaml"
+SHAPES = {
+    "qwen2-0.5b": ("qwen2", dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                                 num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+                                 max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True)),
+    "smollm2-135m": ("llama", dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                                   num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
+                                   max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True)),
+}
+
+
+def tokenizer(vocab_size: int):
+    """The embedded model's character tokenizer, its vocabulary padded to ``vocab_size`` ids."""
+    from tokenizers import Tokenizer, decoders, models as tm, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from nodes import models
+    vocab = dict(models.build_tokenizer().get_vocab())
+    for i in range(len(vocab), vocab_size):
+        vocab[f"<x{i}>"] = i
+    tok = Tokenizer(tm.BPE(vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<unk>", padding_side="left")
+
+
+def build(name: str, folder: Path) -> tuple[Path, str]:
+    """A model folder for ``name``: the real SmolLM2 when cached, else random weights of the shape."""
+    if name == "smollm2-135m":
+        from nodes import models
+        real = models.cache_root() / "models" / "smollm2-135m-instruct"
+        if (real / "config.json").exists():
+            return real, "real weights"
+    target = folder / name
+    if (target / "config.json").exists():
+        return target, "random weights"
+    from transformers import AutoConfig, AutoModelForCausalLM
+    arch, shape = SHAPES[name]
+    tok = tokenizer(shape["vocab_size"])
+    cfg = AutoConfig.for_model(arch, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                               pad_token_id=tok.pad_token_id, **shape)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(target, safe_serialization=True)
+    tok.save_pretrained(target)
+    del model
+    return target, "random weights"
+
+
+def spec_for(path: Path, overrides: list[str], graph: Path = GPU_GRAPH):
+    return og.load(graph, [f"model.path={path}", "nodes.generate.eval_every=0", "checkpoint.every=null",
+                           "runtime.seed=0"] + overrides)
+
+
+def ctx(spec, actor: str) -> NodeContext:
+    return NodeContext(actor, 0, 1, 0, spec, ActorState())
+
+
+def cuda_time(fn, reps: int = 5) -> float:
+    """Median seconds of ``fn()`` on the GPU, timed with CUDA events after one warm-up."""
+    fn()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(out)
+
+
+RECEIVER = r"""
+import os, pickle, struct, sys, time, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+sys.path.insert(0, os.getcwd())
+cfg = AutoConfig.from_pretrained(sys.argv[1])
+with torch.device("cuda"):
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+print("ready", flush=True)
+while True:
+    head = sys.stdin.buffer.read(8)
+    if len(head) < 8:
+        break
+    blob = sys.stdin.buffer.read(struct.unpack("<Q", head)[0])
+    t0 = time.perf_counter()
+    pack = pickle.loads(blob)          # opens the CUDA IPC handle, copies the buffer into our memory
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    model.load_state_dict(pack, strict=True)
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    print(f"{t1 - t0:.6f} {t2 - t1:.6f} {pack.path}", flush=True)
+"""
+
+
+def _read(proc, ok) -> list[str]:
+    """The receiver's next line that ``ok`` accepts (other output is passed through)."""
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the receiver process exited (code {proc.poll()})")
+        words = line.decode().split()
+        if ok(words):
+            return words
+        print("  receiver:", line.decode().rstrip())
+
+
+def micro(name: str, path: Path, origin: str, args) -> dict:
+    """Generation, update and weight-sync rates with the real nodes, in this process."""
+    from nodes.hf import Generate
+    from nodes.reward import Reward
+    from nodes.trainer import Sync, Update
+    new = 64 if args.quick else 128
+    spec = spec_for(path, [f"task.prompts={16}", f"nodes.generate.max_new_tokens={new}",
+                           "nodes.update.micro_batch_size=32", "nodes.old_logprob.micro_batch_size=32"])
+    roll, train = ctx(spec, "rollout.0"), ctx(spec, "trainer.0")
+    gen = Generate("generate", spec.nodes["generate"], roll)
+    rew = Reward("reward", spec.nodes["reward"], roll)
+    upd = Update("update", spec.nodes["update"], train)
+    sync = Sync("sync", spec.nodes["sync"], train)
+    params = sum(p.numel() for p in upd.policy.model.parameters())
+    # generation: the node's own tokens/s (completion tokens; a random model rarely stops early)
+    gen(0, Weights(0))
+    rates = []
+    for step in range(1, 3):
+        batch = gen(step, Weights(0))["rollout"]
+        rates.append(roll.metrics["gen_tokens_per_s"])
+    gen_tps = statistics.median(rates)
+    batch = rew(0, batch)["batch"]
+    # update: tokens through forward + backward + AdamW (prompt and completion columns the node computes)
+    upd(0, batch)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        upd(1, batch)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    P = batch.meta["prompt_len"]
+    c = int(batch.fields["response_mask"].sum(1).max())
+    tokens = len(batch) * (P + c)
+    upd_tps = tokens / statistics.median(times)
+    # weight sync: export -> CUDA IPC -> another process opens, copies, loads
+    rx = subprocess.Popen([sys.executable, "-c", RECEIVER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+                              "PYTHONPATH", "")])})
+    _read(rx, lambda w: w == ["ready"])
+    rows = []
+    for v in range(1, 5):
+        t0 = time.perf_counter()
+        w = sync(v, Weights(v))["weights"]
+        t1 = time.perf_counter()
+        blob = pickle.dumps(w.tensors)
+        rx.stdin.write(struct.pack("<Q", len(blob)) + blob)
+        rx.stdin.flush()
+        t_open, t_load, how = _read(rx, lambda w: len(w) == 3 and w[2] in ("cuda-ipc", "device", "host"))
+        t2 = time.perf_counter()
+        rows.append({"export": t1 - t0, "open_copy": float(t_open), "load": float(t_load), "total": t2 - t0,
+                     "handle_bytes": len(blob), "path": how})
+    rx.stdin.close()
+    rx.wait(timeout=60)
+    nbytes = w.nbytes
+    med = {k: statistics.median(r[k] for r in rows[1:]) for k in ("export", "open_copy", "load", "total")}
+    flat = next(iter(w.tensors.buffers.values()))
+    d2d = cuda_time(lambda: flat.clone())
+    host = w.tensors.buffers
+    t0 = time.perf_counter()
+    on_host = pickle.dumps({k: b.cpu() for k, b in host.items()}, protocol=pickle.HIGHEST_PROTOCOL)
+    back = {k: b.cuda() for k, b in pickle.loads(on_host).items()}
+    torch.cuda.synchronize()
+    host_s = time.perf_counter() - t0
+    del back, on_host, gen, upd, sync, rew
+    torch.cuda.empty_cache()
+    return {"model": name, "weights": origin, "params_m": round(params / 1e6, 1), "gen_tokens_per_s": round(gen_tps),
+            "gen_batch": len(batch), "max_new_tokens": new, "update_tokens_per_s": round(upd_tps),
+            "update_tokens": tokens, "update_s": round(statistics.median(times), 4),
+            "sync_bytes": nbytes, "sync_path": rows[-1]["path"], "sync_handle_bytes": rows[-1]["handle_bytes"],
+            **{f"sync_{k}_s": round(v, 5) for k, v in med.items()},
+            "sync_gb_per_s": round(nbytes / med["total"] / 1e9, 2),
+            "d2d_copy_s": round(d2d, 6), "d2d_copy_gb_per_s": round(nbytes / d2d / 1e9, 1),
+            "host_round_trip_s": round(host_s, 4), "host_round_trip_gb_per_s": round(nbytes / host_s / 1e9, 2)}
+
+
+def runtime(path: Path, iterations: int, quick: bool) -> dict:
+    """Sync vs one-step-off GRPO through the compiled graph, rollout and trainer sharing the card."""
+    from omnigraph.runtime import run
+    common = [f"schedule.iterations={iterations}", "task.prompts=16", f"nodes.generate.max_new_tokens={32 if quick else 64}",
+              "nodes.update.micro_batch_size=32", "nodes.old_logprob.micro_batch_size=32",
+              "pools.rollout.gpus=0.5", "pools.trainer.gpus=0.5", "model.dtype=bfloat16"]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode, graph in (("sync", ROOT / "graphs" / "grpo_sync.yaml"), ("one_step_off", GPU_GRAPH)):
+            plan = og.compile(spec_for(path, common, graph))
+            res = run(plan, run_dir=tmp, executor="ray", progress=False)
+            rows = res.metrics[plan.fill + 1: len(res.metrics) - plan.fill] or res.metrics[1:]
+            med = lambda key: statistics.median([r[key] for r in rows if key in r] or [float("nan")])  # noqa: E731
+            out[mode] = {"s_per_step": res.summary["s_per_step"], "generate_s": med("timing_s/generate"),
+                         "update_s": med("timing_s/update"), "gen_tokens_per_s": med("gen_tokens_per_s"),
+                         "load_weights_s": med("load_weights_s"), "sync_export_s": med("sync_export_s"),
+                         "startup_s": res.summary["startup_s"], "staleness_max": res.summary["observed_max_staleness"]}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="shorter generations and runs")
+    ap.add_argument("--skip-runtime", action="store_true", help="only the in-process measurements")
+    ap.add_argument("--models", default="qwen2-0.5b,smollm2-135m")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/gpu.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.cuda.get_device_properties(0)
+    print(f"gpu benchmark on {dev.name} ({dev.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, "
+          f"{torch.cuda.device_count()} visible GPU(s); bf16 (mixed precision trainer, bf16 rollout)")
+    folder = Path(os.environ.get("OMNIGRAPH_BENCH_MODELS", Path(tempfile.gettempdir()) / "og-bench-models"))
+    results, paths = [], {}
+    for name in args.models.split(","):
+        t0 = time.perf_counter()
+        path, origin = build(name, folder)
+        paths[name] = path
+        print(f"\n{name} ({origin}), built in {time.perf_counter() - t0:.1f} s")
+        r = micro(name, path, origin, args)
+        gc.collect()
+        torch.cuda.empty_cache()
+        results.append(r)
+        print(f"  parameters {r['params_m']}M; generation {r['gen_tokens_per_s']:,} tokens/s "
+              f"({r['gen_batch']} sequences x {r['max_new_tokens']} new tokens); update {r['update_tokens_per_s']:,} "
+              f"tokens/s ({r['update_tokens']} tokens in {r['update_s']:.3f} s)")
+        print(f"  weight sync by {r['sync_path']}: {r['sync_bytes'] / 1e6:.0f} MB in {r['sync_total_s'] * 1e3:.1f} ms "
+              f"= {r['sync_gb_per_s']} GB/s (export {r['sync_export_s'] * 1e3:.1f} ms, open+copy in the receiver "
+              f"{r['sync_open_copy_s'] * 1e3:.1f} ms, load_state_dict {r['sync_load_s'] * 1e3:.1f} ms; "
+              f"{r['sync_handle_bytes']} bytes pickled)")
+        print(f"  same bytes: device-to-device copy {r['d2d_copy_s'] * 1e3:.2f} ms = {r['d2d_copy_gb_per_s']} GB/s; "
+              f"host round trip {r['host_round_trip_s'] * 1e3:.0f} ms = {r['host_round_trip_gb_per_s']} GB/s; "
+              f"sync/d2d = {r['sync_total_s'] / r['d2d_copy_s']:.0f}x, host/sync = "
+              f"{r['host_round_trip_s'] / r['sync_total_s']:.1f}x")
+    rt = {}
+    if not args.skip_runtime:
+        n = 5 if args.quick else 8
+        rt = runtime(paths.get("qwen2-0.5b", next(iter(paths.values()))), n, args.quick)
+        print(f"\nomnigraph run, {n} iterations each, rollout and trainer sharing one GPU (0.5 each), ray executor:")
+        print(f"{'mode':<13} {'s/step':>7} {'generate s':>10} {'update s':>9} {'gen tok/s':>9} {'load w s':>8} "
+              f"{'staleness':>9}")
+        for mode, m in rt.items():
+            print(f"{mode:<13} {m['s_per_step']:7.3f} {m['generate_s']:10.3f} {m['update_s']:9.3f} "
+                  f"{m['gen_tokens_per_s']:9.0f} {m['load_weights_s']:8.4f} {m['staleness_max']:9d}")
+        if len(rt) == 2:
+            print(f"one-step-off speedup on one shared card: {rt['sync']['s_per_step'] / rt['one_step_off']['s_per_step']:.2f}x")
+    summary = {"gpu": dev.name, "models": results, "runtime": rt}
+    if len(rt) == 2:
+        summary["one_step_off_speedup"] = round(rt["sync"]["s_per_step"] / rt["one_step_off"]["s_per_step"], 3)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

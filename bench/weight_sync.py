@@ -1,0 +1,149 @@
+"""Weight sync into a live vLLM engine on one host: full weights and LoRA-only, against a memcpy.
+
+The trainer side is omnigraph's ``sync`` node, the rollout side the ``vllm``
+generate backend (``nodes.vllm_backend``), on SmolLM2-135M. One sync is
+
+- ``export``: the trainer's ``sync`` node copies its weights out (a state
+  dict, or the LoRA adapter tensors only);
+- ``hand-over``: the bytes cross to the rollout's process through
+  ``/dev/shm``: one safetensors file written by the trainer and read by
+  the rollout (the same-host path; in a run the compiled graph's
+  shared-memory channel carries them);
+- ``load``: the engine takes them in place (``reload_weights`` through the
+  worker extension, tied head re-tied, prefix cache reset), or for LoRA a
+  new adapter version (``LoRARequest``), or the adapter merged into the
+  base weights on the rollout (``lora_serving: merged``).
+
+``memcpy_gb_s`` is one copy of the same bytes (``torch`` tensor copy, the
+same process, the same run). Each figure is the median of ``--repeats``.
+
+    python bench/weight_sync.py [--quick] [--dtype bfloat16|float32]
+
+Needs the ``vllm`` extra. Last line: JSON with ``full_sync_s``,
+``full_gb_s``, ``lora_sync_s``, ``lora_bytes``, ``full_bytes``,
+``memcpy_gb_s``, ``fraction_of_memcpy`` (full sync), and the parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def nbytes(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def memcpy_gb_s(tensors: dict, repeats: int) -> float:
+    """GB/s of copying the same bytes once (source and destination preallocated)."""
+    import torch
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors.values()])
+    dst = torch.empty_like(flat)
+    times = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        dst.copy_(flat)
+        times.append(time.perf_counter() - t)
+    return flat.numel() / statistics.median(times[1:]) / 1e9
+
+
+def one_sync(sync, gen, version: int, shm: Path) -> dict:
+    """export -> /dev/shm safetensors -> load into the engine; seconds of each part."""
+    from safetensors.torch import load_file
+    from omnigraph.data import Weights
+    from nodes.vllm_backend import write_safetensors
+
+    t0 = time.perf_counter()
+    w = sync(version, Weights(version=version))["weights"]
+    t1 = time.perf_counter()
+    path = shm / f"sync-{version}.safetensors"
+    size = write_safetensors(w.tensors, path)          # trainer side
+    w.tensors = load_file(str(path))                   # rollout side (a mapping of the same pages)
+    path.unlink()
+    t2 = time.perf_counter()
+    gen.apply(w)
+    t3 = time.perf_counter()
+    return {"export_s": t1 - t0, "handover_s": t2 - t1, "load_s": t3 - t2, "sync_s": t3 - t0, "bytes": size}
+
+
+def run_case(overrides: list[str], repeats: int) -> tuple[dict, dict]:
+    """Median timings of ``repeats`` syncs (after one warm-up) for one configuration."""
+    import gc
+    import torch
+    import omnigraph as og
+    from omnigraph.data import Weights
+    from omnigraph.node import ActorState, NodeContext
+    from nodes.trainer import Sync
+    from nodes.vllm_backend import VllmGenerate, shm_dir
+
+    spec = og.load(ROOT / "graphs" / "smollm2_vllm_one_step_off.yaml", overrides)
+    sync = Sync("sync", spec.nodes["sync"], NodeContext("trainer.0", 0, 1, 0, spec, ActorState()))
+    gen = VllmGenerate("generate", spec.nodes["generate"], NodeContext("rollout.0", 0, 1, 0, spec, ActorState()))
+    rows = []
+    for v in range(1, repeats + 2):
+        with torch.no_grad():                          # a training step changed the weights
+            for name, p in sync.policy.model.named_parameters():
+                if p.requires_grad:
+                    p.add_(1e-3)
+        rows.append(one_sync(sync, gen, v, shm_dir()))
+    med = {k: statistics.median(r[k] for r in rows[1:]) for k in rows[0]}
+    state = sync(0, Weights(version=0))["weights"].tensors
+    from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
+    del gen.llm
+    gc.collect()
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    return med, state
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3 syncs per case instead of 5")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="weights' dtype on both sides (default: bf16, as vLLM serves them)")
+    args = ap.parse_args()
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:
+        sys.exit(f"bench/weight_sync.py needs the vllm extra ({type(e).__name__}: {e}): pip install -e '.[vllm]'")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    repeats = 3 if args.quick else 5
+    base = [f"model.dtype={args.dtype}", "nodes.generate.dtype=null"]
+    lora = ["nodes.update.lora.target_modules=[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"]
+    load = os.getloadavg()[0]
+    print(f"weight-sync benchmark: SmolLM2-135M {args.dtype}, vLLM in this process, median of {repeats}; "
+          f"load average {load:.2f} on {os.cpu_count()} CPUs", flush=True)
+    full, state = run_case(base + ["nodes.update.lora=null", "nodes.sync.payload=full"], repeats)
+    memcpy = memcpy_gb_s(state, repeats)
+    adapter, _ = run_case(base + lora + ["nodes.generate.lora_serving=adapter"], repeats)
+    merged, _ = run_case(base + lora + ["nodes.generate.lora_serving=merged"], repeats)
+    print(f"{'payload':<16} {'MB':>8} {'export s':>9} {'hand-over s':>12} {'load s':>7} {'sync s':>7} {'GB/s':>6}")
+    for name, r in (("full", full), ("lora (adapter)", adapter), ("lora (merged)", merged)):
+        print(f"{name:<16} {r['bytes'] / 1e6:8.1f} {r['export_s']:9.3f} {r['handover_s']:12.3f} {r['load_s']:7.3f} "
+              f"{r['sync_s']:7.3f} {r['bytes'] / r['sync_s'] / 1e9:6.2f}")
+    full_gb_s = full["bytes"] / full["sync_s"] / 1e9
+    handover_gb_s = full["bytes"] / full["handover_s"] / 1e9
+    print(f"memcpy of the same {full['bytes'] / 1e6:.0f} MB: {memcpy:.2f} GB/s; full sync {full_gb_s:.2f} GB/s "
+          f"({full_gb_s / memcpy:.0%}), its /dev/shm hand-over {handover_gb_s:.2f} GB/s ({handover_gb_s / memcpy:.0%})")
+    print(json.dumps({
+        "full_sync_s": round(full["sync_s"], 4), "full_gb_s": round(full_gb_s, 3),
+        "lora_sync_s": round(adapter["sync_s"], 4), "lora_merged_sync_s": round(merged["sync_s"], 4),
+        "lora_bytes": adapter["bytes"], "full_bytes": full["bytes"],
+        "lora_fraction_of_full": round(adapter["bytes"] / full["bytes"], 4),
+        "memcpy_gb_s": round(memcpy, 3), "fraction_of_memcpy": round(full_gb_s / memcpy, 3),
+        "handover_gb_s": round(handover_gb_s, 3), "handover_fraction_of_memcpy": round(handover_gb_s / memcpy, 3),
+        "full_parts_s": {k: round(full[k], 4) for k in ("export_s", "handover_s", "load_s")},
+        "dtype": args.dtype, "load_avg": round(load, 2)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

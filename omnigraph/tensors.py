@@ -1,0 +1,193 @@
+"""Weights on the move: named tensors packed into one flat buffer, and the path they take.
+
+:class:`TensorPack` is what ``sync`` exports when the trainer is on a GPU: a
+read-only mapping ``name -> tensor`` whose tensors are views of one flat buffer
+per dtype (tied weights are stored once). One buffer instead of hundreds of
+tensors makes the export one copy kernel per dtype and the transfer one
+message. How it crosses to another actor is chosen by the sender and named in
+:attr:`TensorPack.path`:
+
+- ``cuda-ipc``: sender and receivers share one GPU (pools with fractional
+  ``gpus`` on one host). Only a CUDA IPC handle is pickled (a few hundred
+  bytes); the receiver opens it and copies the buffer device to device into
+  memory of its own at once, so the sender's buffer is needed only until
+  then. (Through Ray's channel the tensor would otherwise go GPU -> host ->
+  GPU at ~0.2 GB/s: FACTS.md.)
+- ``device``: the buffer is pickled as a CUDA tensor and the channel carries
+  it (pools of one GPU or more each, on different cards). On Ray 2.60 that
+  runs with the ``ray-tasks`` executor (through the object store, via host
+  memory); Compiled Graphs refuse the nccl channels such pools get.
+- ``host``: the buffer is copied to host memory once by the sender and
+  travels through the channel's shared memory (receivers without a GPU, or
+  several hosts).
+
+Checkpoints must not hold IPC handles: :func:`portable` makes every pack
+pickle as host memory while it is active.
+
+>>> import torch
+>>> a = torch.arange(6.0).reshape(2, 3)
+>>> p = TensorPack.pack({"a": a, "b": torch.ones(2), "tied": a})
+>>> sorted(p), p.nbytes, torch.equal(p["tied"], a), p.path
+(['a', 'b', 'tied'], 32, True, 'host')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+PATHS = ("cuda-ipc", "device", "host")
+_local = threading.local()
+_SENT: "weakref.WeakValueDictionary[int, TensorPack]" = weakref.WeakValueDictionary()
+
+
+@contextlib.contextmanager
+def portable():
+    """Within this block every :class:`TensorPack` pickles as host tensors (for checkpoints)."""
+    before = getattr(_local, "portable", False)
+    _local.portable = True
+    try:
+        yield
+    finally:
+        _local.portable = before
+
+
+def device_uuid(index: int | None = None) -> str | None:
+    """The physical identity of a visible CUDA device (the same in every process that sees it)."""
+    import torch
+    try:
+        i = torch.cuda.current_device() if index is None else index
+        return str(torch.cuda.get_device_properties(i).uuid)
+    except Exception:  # noqa: BLE001 - no CUDA, or no uuid on this build
+        return None
+
+
+class TensorPack(Mapping):
+    """Named tensors in one flat buffer per dtype; ``layout``: ``name -> (dtype, shape, offset)``."""
+
+    def __init__(self, buffers: dict[str, Any], layout: dict[str, tuple[str, tuple[int, ...], int]],
+                 path: str = "host"):
+        if path not in PATHS:
+            raise ValueError(f"unknown tensor path {path!r} (one of {', '.join(PATHS)})")
+        self.buffers = buffers
+        self.layout = layout
+        self.path = path
+        self._views: dict[str, Any] = {}
+
+    # -- building ------------------------------------------------------------
+    @classmethod
+    def pack(cls, tensors: Mapping[str, Any], *, dtype=None, device=None, path: str = "host") -> "TensorPack":
+        """Copy ``tensors`` (cast to ``dtype`` when given) into fresh flat buffers on ``device``."""
+        import torch
+        layout: dict[str, tuple[str, tuple[int, ...], int]] = {}
+        sizes: dict[str, int] = {}
+        seen: dict[tuple, str] = {}
+        sources: list[tuple[str, Any, int]] = []
+        for name, t in tensors.items():
+            key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+            dt = str(dtype if dtype is not None and t.is_floating_point() else t.dtype).removeprefix("torch.")
+            if key in seen and t.numel():                 # tied weights: one copy, two names
+                layout[name] = layout[seen[key]]
+                continue
+            off = sizes.get(dt, 0)
+            layout[name] = (dt, tuple(t.shape), off)
+            sizes[dt] = off + t.numel()
+            seen[key] = name
+            sources.append((dt, t, off))
+        dev = device if device is not None else (sources[0][1].device if sources else "cpu")
+        buffers = {dt: torch.empty(n, dtype=getattr(torch, dt), device=dev) for dt, n in sizes.items()}
+        with torch.no_grad():
+            for dt, t, off in sources:
+                buffers[dt][off:off + t.numel()].view(t.shape).copy_(t.detach())
+        return cls(buffers, layout, path)
+
+    # -- the mapping ---------------------------------------------------------
+    def __getitem__(self, name: str):
+        v = self._views.get(name)
+        if v is None:
+            dt, shape, off = self.layout[name]
+            n = 1
+            for s in shape:
+                n *= s
+            v = self._views[name] = self.buffers[dt][off:off + n].view(shape)
+        return v
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.layout)
+
+    def __len__(self) -> int:
+        return len(self.layout)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+
+    @property
+    def device(self):
+        return next(iter(self.buffers.values())).device if self.buffers else None
+
+    def __repr__(self) -> str:
+        return f"TensorPack({len(self)} tensors, {self.nbytes / 1e6:.1f} MB on {self.device}, path {self.path})"
+
+    # -- crossing a process boundary -----------------------------------------
+    def __reduce__(self):
+        on_cuda = any(b.is_cuda for b in self.buffers.values())
+        if getattr(_local, "portable", False) or (self.path == "host" and on_cuda):
+            return TensorPack, ({k: b.cpu() for k, b in self.buffers.items()}, self.layout, "host")
+        if self.path == "cuda-ipc" and on_cuda:
+            from torch.multiprocessing.reductions import reduce_tensor
+            handles = {k: (device_uuid(b.device.index), reduce_tensor(b)) for k, b in self.buffers.items()}
+            _SENT[id(self)] = self
+            return _open_ipc, (handles, self.layout, (os.getpid(), id(self)))
+        return TensorPack, (self.buffers, self.layout, self.path)
+
+
+def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout, sender: tuple[int, int]) -> TensorPack:
+    """Receiver side of ``cuda-ipc``: open each handle and copy the buffer into memory of our own.
+
+    In the sending process itself (CUDA cannot open its own IPC handles) the pack is the original.
+    """
+    import torch
+    if sender[0] == os.getpid() and sender[1] in _SENT:
+        return _SENT[sender[1]]
+    buffers = {}
+    for dt, (uuid, (rebuild, args)) in handles.items():
+        index = _local_index(uuid)
+        if index is None:
+            raise RuntimeError(
+                f"weights were sent as a CUDA IPC handle from GPU {uuid}, which this process does not see "
+                f"(it sees {[device_uuid(i) for i in range(torch.cuda.device_count())]}); the pools that "
+                "exchange weights must share one GPU for the cuda-ipc path (fractional pools.*.gpus on one host)")
+        args = list(args)
+        args[6] = index                  # storage_device: the same card under this process's numbering
+        with torch.cuda.device(index):
+            shared = rebuild(*args)
+            buffers[dt] = shared.clone()
+        del shared
+    return TensorPack(buffers, layout, "cuda-ipc")
+
+
+def _local_index(uuid: str | None) -> int | None:
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    for i in range(torch.cuda.device_count()):
+        if uuid is None or device_uuid(i) == uuid:
+            return i
+    return None
+
+
+def to_device(value: Any, device) -> Any:
+    """Tensors (also inside dicts and lists) moved to ``device``; other values unchanged."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+        return [to_device(v, device) for v in value]
+    return value

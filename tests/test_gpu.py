@@ -1,0 +1,115 @@
+"""The GPU path: nodes on CUDA in bf16, weights by CUDA IPC, Ray placing both pools on one card.
+
+Skipped without CUDA (CI has none). On the GPU machine, ``scripts/gpu_tests.sh``
+runs them (with the carried Ray bundle: ``scripts/gpu_setup.sh``).
+"""
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import omnigraph as og
+from omnigraph.data import Weights
+from omnigraph.node import ActorState, NodeContext
+
+from conftest import GRAPHS, ROOT
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU: run scripts/gpu_tests.sh on the GPU machine")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+GPU_GRAPH = GRAPHS / "gpu" / "grpo_one_step_off.yaml"
+
+
+def nodes(overrides=()):
+    from nodes.hf import Generate
+    from nodes.reward import Reward
+    from nodes.trainer import Logprob, Sync, Update
+    spec = og.load(GPU_GRAPH, list(overrides))
+    trainer = NodeContext("trainer.0", 0, 1, 0, spec, ActorState())
+    rollout = NodeContext("rollout.0", 0, 1, 0, spec, ActorState())
+    n = spec.nodes
+    return (Generate("generate", n["generate"], rollout), Reward("reward", n["reward"], rollout),
+            Logprob("old_logprob", n["old_logprob"], trainer), Update("update", n["update"], trainer),
+            Sync("sync", n["sync"], trainer))
+
+
+def test_nodes_compute_on_cuda_in_bf16_and_hand_back_host_tensors():
+    gen, rew, olp, upd, sync = nodes(["nodes.update.mini_batch_size=128"])   # two optimizer steps: no fusion
+    assert {p.device.type for p in gen.model.parameters()} == {"cuda"}
+    assert {p.dtype for p in gen.model.parameters()} == {torch.bfloat16}
+    pol = upd.policy
+    assert pol.autocast and {(p.device.type, p.dtype) for p in pol.model.parameters()} == {("cuda", torch.float32)}
+    batch = gen(0, Weights(0))["rollout"]
+    tensors = {k: v for k, v in batch.fields.items() if isinstance(v, torch.Tensor)}
+    assert tensors and all(v.device.type == "cpu" for v in tensors.values())
+    batch = rew(0, batch)["batch"]
+    batch = olp(0, batch)["batch"]
+    assert batch.fields["old_logprob"].device.type == "cpu"
+    with pol.amp():
+        assert pol.model.model.layers[0].mlp.up_proj(torch.zeros(1, 128, device="cuda")).dtype == torch.bfloat16
+    upd(1, batch)
+    assert torch.isfinite(torch.tensor(upd.ctx.metrics["loss"])) and upd.ctx.metrics["gpu_mem_gb"] > 0
+    state = pol.opt.state[next(iter(pol.model.parameters()))]
+    assert state["exp_avg"].device.type == "cuda" and state["exp_avg"].dtype == torch.float32
+    w = sync(1, Weights(1))["weights"]
+    from omnigraph.tensors import TensorPack
+    assert isinstance(w.tensors, TensorPack) and w.tensors.path == "cuda-ipc"
+    assert {b.dtype for b in w.tensors.buffers.values()} == {torch.bfloat16}
+    assert w.nbytes < sum(p.numel() * 4 for p in pol.model.parameters())      # bf16 and tied weights once
+    gen.apply(w)
+    for name, p in gen.model.state_dict().items():
+        assert torch.equal(p, pol.model.state_dict()[name].to(torch.bfloat16)), name
+
+
+def test_cuda_ipc_pack_crosses_processes_without_the_host():
+    from omnigraph.tensors import TensorPack
+    src = {"a": torch.randn(1000, 1000, device="cuda"), "b": torch.arange(10, device="cuda")}
+    pack = TensorPack.pack(src, dtype=torch.bfloat16, path="cuda-ipc")
+    blob = pickle.dumps(pack)
+    assert len(blob) < 4096                       # a handle, not 2 MB of weights
+    code = ("import pickle, sys, torch; p = pickle.loads(sys.stdin.buffer.read()); "
+            "print(p.path, p['a'].device.type, p['a'].dtype, float(p['a'].float().sum()), int(p['b'].sum()))")
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    path, dev, dtype, total, ints = out.stdout.decode().split()
+    assert (path, dev, dtype, int(ints)) == ("cuda-ipc", "cuda", "torch.bfloat16", 45)
+    assert abs(float(total) - float(src["a"].to(torch.bfloat16).float().sum())) < 1e-2
+    from omnigraph.tensors import portable
+    with portable():                              # checkpoints: host tensors, never handles
+        again = pickle.loads(pickle.dumps(pack))
+    assert again.path == "host" and again["a"].device.type == "cpu"
+
+
+def test_ray_places_both_pools_on_one_gpu_and_the_reward_rises(tmp_path):
+    from omnigraph.executors.base import make_executor
+    plan = og.compile(GPU_GRAPH, overrides=["schedule.iterations=30", "checkpoint.every=null"])
+    ex = make_executor(plan, "ray")
+    ex.start()
+    try:
+        info = ex.info
+        roll, train = info["rollout.0"], info["trainer.0"]
+        assert roll["gpu_ids"] and roll["gpu_ids"] == train["gpu_ids"], info       # 0.5 + 0.5: one card
+        assert roll["cuda"]["uuid"] == train["cuda"]["uuid"] and roll["cuda"]["allocated_gb"] > 0, info
+        rewards, loads = [], []
+        for step in ex.steps():
+            for r in step.records:
+                if "reward_mean" in r:
+                    rewards.append(r["reward_mean"])
+                if "load_weights_s" in r:
+                    loads.append(r["load_weights_s"])
+        ex.finish(str(tmp_path))
+    finally:
+        ex.stop()
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert first <= 0.3 and last >= first + 0.3, rewards
+    assert loads and max(loads) < 1.0, loads
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+
+
+# Two GPUs (whole cards per pool, weights over NCCL): tests/test_gpu_multi.py
