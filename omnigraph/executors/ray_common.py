@@ -270,7 +270,7 @@ def core_layout(plan, spec) -> dict[str, list[int]]:
     actors together fit the cores this process may use; otherwise none (no pinning)."""
     if spec.runtime.address:
         return {}
-    free = sorted(os.sched_getaffinity(0))
+    free = physical_first(sorted(os.sched_getaffinity(0)))
     want = {name: int(a.cpus) for name, a in plan.actors.items()}
     if any(n < 1 or n != plan.actors[name].cpus for name, n in want.items()) or sum(want.values()) > len(free):
         return {}
@@ -278,3 +278,20 @@ def core_layout(plan, spec) -> dict[str, list[int]]:
     for name, n in want.items():
         out[name], i = free[i:i + n], i + n
     return out
+
+
+def physical_first(cpus: list[int]) -> list[int]:
+    """One hardware thread of every physical core first, then their siblings: two busy actors pinned
+    to hyperthread siblings share one core's execution units and slow each other down (e.g. a rollout's
+    launch-bound generate beside the trainer)."""
+    seen: set[str] = set()
+    first, rest = [], []
+    for c in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
+                core = f.read().strip()
+        except OSError:
+            core = str(c)
+        (rest if core in seen else first).append(c)
+        seen.add(core)
+    return first + rest
