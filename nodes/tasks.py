@@ -31,26 +31,20 @@ class Prompt:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-class Digits:
-    """Copy a number of ``min_len..max_len`` digits; 1 in ``eval_every`` numbers is held out."""
+class Task:
+    """A prompt stream: ``_draw(rng, held_out)`` makes one prompt of the training or held-out split;
+    training batches and the eval set are drawn from seeds, so they are the same every time."""
 
-    def __init__(self, prompts: int, seed: int = 0, min_len: int = 3, max_len: int = 4,
-                 eval_prompts: int = 64, eval_every: int = 10):
-        self.prompts = prompts
-        self.seed = seed
-        self.min_len, self.max_len = min_len, max_len
-        self.eval_prompts = eval_prompts
-        self.eval_every = eval_every
+    prompts: int
+    seed: int
+    eval_prompts: int
+    eval_every: int
 
-    def _held_out(self, number: str) -> bool:
-        return zlib.crc32(number.encode()) % self.eval_every == 0
+    def _held_out(self, key: str) -> bool:
+        return zlib.crc32(key.encode()) % self.eval_every == 0
 
     def _draw(self, rng: random.Random, held_out: bool) -> Prompt:
-        while True:
-            n = rng.randint(self.min_len, self.max_len)
-            number = str(rng.randint(10 ** (n - 1), 10 ** n - 1))
-            if self._held_out(number) == held_out:
-                return Prompt(f"copy {number}:", {"target": number})
+        raise NotImplementedError
 
     def batch(self, step: int) -> list[Prompt]:
         """The prompts of training step ``step`` (the same every time it is asked)."""
@@ -62,7 +56,26 @@ class Digits:
         return [self._draw(rng, held_out=True) for _ in range(self.eval_prompts)]
 
 
-class Arithmetic:
+class Digits(Task):
+    """Copy a number of ``min_len..max_len`` digits; 1 in ``eval_every`` numbers is held out."""
+
+    def __init__(self, prompts: int, seed: int = 0, min_len: int = 3, max_len: int = 4,
+                 eval_prompts: int = 64, eval_every: int = 10):
+        self.prompts = prompts
+        self.seed = seed
+        self.min_len, self.max_len = min_len, max_len
+        self.eval_prompts = eval_prompts
+        self.eval_every = eval_every
+
+    def _draw(self, rng: random.Random, held_out: bool) -> Prompt:
+        while True:
+            n = rng.randint(self.min_len, self.max_len)
+            number = str(rng.randint(10 ** (n - 1), 10 ** n - 1))
+            if self._held_out(number) == held_out:
+                return Prompt(f"copy {number}:", {"target": number})
+
+
+class Arithmetic(Task):
     """Add two numbers of ``1..max_operand``; the reply should be the sum and nothing else.
 
     A chat task (``chat = True``): the rollout wraps each prompt in the model's chat template,
@@ -84,16 +97,8 @@ class Arithmetic:
     def _draw(self, rng: random.Random, held_out: bool) -> Prompt:
         while True:
             a, b = rng.randint(1, self.max_operand), rng.randint(1, self.max_operand)
-            if (zlib.crc32(f"{a}+{b}".encode()) % self.eval_every == 0) == held_out:
+            if self._held_out(f"{a}+{b}") == held_out:
                 return Prompt(f"What is {a} + {b}? Reply with just the number.", {"target": str(a + b)})
-
-    def batch(self, step: int) -> list[Prompt]:
-        rng = random.Random(f"{self.seed}:train:{step}")
-        return [self._draw(rng, held_out=False) for _ in range(self.prompts)]
-
-    def eval_set(self) -> list[Prompt]:
-        rng = random.Random(f"{self.seed}:eval")
-        return [self._draw(rng, held_out=True) for _ in range(self.eval_prompts)]
 
 
 TASKS = {"digits": Digits, "arithmetic": Arithmetic}

@@ -1,0 +1,48 @@
+"""Built-in tasks and rule-based rewards: deterministic streams, disjoint splits, the scores."""
+
+import pytest
+
+from nodes.rewards import arithmetic_reward, digits_match
+from nodes.tasks import TASKS, Arithmetic, Digits
+
+
+@pytest.mark.parametrize("cls", [Digits, Arithmetic])
+def test_streams_are_deterministic_and_the_eval_split_is_held_out(cls):
+    task = cls(prompts=16, seed=3, eval_prompts=40)
+    assert [p.text for p in task.batch(5)] == [p.text for p in cls(prompts=16, seed=3).batch(5)]
+    assert [p.text for p in task.batch(5)] != [p.text for p in task.batch(6)]
+    train = {p.text for t in range(30) for p in task.batch(t)}
+    held = {p.text for p in task.eval_set()}
+    assert len(held) > 5 and not train & held
+
+
+def test_arithmetic_targets_are_the_sums_and_it_is_a_chat_task():
+    task = TASKS["arithmetic"](prompts=8, seed=0)
+    assert task.chat and task.SYSTEM
+    for p in task.batch(0):
+        a, b = (int(x) for x in p.text.removeprefix("What is ").split("?")[0].split(" + "))
+        assert p.meta["target"] == str(a + b)
+
+
+@pytest.mark.parametrize("completion, score", [
+    ("27", 1.0), (" 27\n", 1.0), ("13 + 14 = 27", 0.8), ("The answer is 27.", 0.8),
+    ("25", 0.2), ("27 or 28", 0.0), ("", 0.0), ("twenty-seven", 0.0)])
+def test_arithmetic_reward_is_exact_match_plus_format(completion, score):
+    assert arithmetic_reward("What is 13 + 14?", completion, target="27") == pytest.approx(score)
+
+
+def test_digits_match_gives_partial_credit_in_place():
+    assert digits_match("copy 4071:", " 4071", target="4071") == 1.0
+    assert digits_match("copy 4071:", " 4000", target="4071") == 0.5
+    assert digits_match("copy 4071:", "", target="4071") == 0.0
+
+
+def test_a_chat_task_on_a_model_without_a_chat_template_is_a_clear_error():
+    import omnigraph as og
+    from omnigraph.node import ActorState, NodeContext
+    from nodes.hf import Generate
+    from conftest import GRAPHS
+    spec = og.load(GRAPHS / "grpo_sync.yaml", ["task.name=arithmetic"])
+    gen = Generate("generate", spec.nodes["generate"], NodeContext("rollout.0", 0, 1, 0, spec, ActorState()))
+    with pytest.raises(ValueError, match="chat task but the model's tokenizer has no chat template"):
+        gen.encode("What is 1 + 2?")
