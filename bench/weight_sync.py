@@ -7,8 +7,9 @@ generate backend (``nodes.vllm_backend``), on SmolLM2-135M. One sync is
   dict, or the LoRA adapter tensors only);
 - ``hand-over``: the bytes cross to the rollout's process through
   ``/dev/shm``: one safetensors file written by the trainer and read by
-  the rollout (the same-host path; in a run the compiled graph's
-  shared-memory channel carries them);
+  the rollout (the engine-process path). In a run, the compiled graph's
+  shared-memory channel between the two actors carries them: measured
+  separately on the same tensors (``channel_s``, ``bench/ray_channel.py``);
 - ``load``: the engine takes them in place (``reload_weights`` through the
   worker extension, tied head re-tied, prefix cache reset), or for LoRA a
   new adapter version (``LoRARequest``), or the adapter merged into the
@@ -36,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 def nbytes(tensors: dict) -> int:
@@ -123,6 +125,8 @@ def main() -> int:
           f"load average {load:.2f} on {os.cpu_count()} CPUs", flush=True)
     full, state = run_case(base + ["nodes.update.lora=null", "nodes.sync.payload=full"], repeats)
     memcpy = memcpy_gb_s(state, repeats)
+    from ray_channel import channel_seconds
+    channel_s = channel_seconds(state, repeats)
     adapter, _ = run_case(base + lora + ["nodes.generate.lora_serving=adapter"], repeats)
     merged, _ = run_case(base + lora + ["nodes.generate.lora_serving=merged"], repeats)
     print(f"{'payload':<16} {'MB':>8} {'export s':>9} {'hand-over s':>12} {'load s':>7} {'sync s':>7} {'GB/s':>6}")
@@ -131,8 +135,11 @@ def main() -> int:
               f"{r['sync_s']:7.3f} {r['bytes'] / r['sync_s'] / 1e9:6.2f}")
     full_gb_s = full["bytes"] / full["sync_s"] / 1e9
     handover_gb_s = full["bytes"] / full["handover_s"] / 1e9
+    channel_gb_s = nbytes(state) / channel_s / 1e9
     print(f"memcpy of the same {full['bytes'] / 1e6:.0f} MB: {memcpy:.2f} GB/s; full sync {full_gb_s:.2f} GB/s "
-          f"({full_gb_s / memcpy:.0%}), its /dev/shm hand-over {handover_gb_s:.2f} GB/s ({handover_gb_s / memcpy:.0%})")
+          f"({full_gb_s / memcpy:.0%}), its /dev/shm hand-over {handover_gb_s:.2f} GB/s ({handover_gb_s / memcpy:.0%}); "
+          f"the compiled graph's channel between two actors (a run's hand-over) {channel_s:.3f} s, "
+          f"{channel_gb_s:.2f} GB/s ({channel_gb_s / memcpy:.0%})")
     print(json.dumps({
         "full_sync_s": round(full["sync_s"], 4), "full_gb_s": round(full_gb_s, 3),
         "lora_sync_s": round(adapter["sync_s"], 4), "lora_merged_sync_s": round(merged["sync_s"], 4),
@@ -140,6 +147,8 @@ def main() -> int:
         "lora_fraction_of_full": round(adapter["bytes"] / full["bytes"], 4),
         "memcpy_gb_s": round(memcpy, 3), "fraction_of_memcpy": round(full_gb_s / memcpy, 3),
         "handover_gb_s": round(handover_gb_s, 3), "handover_fraction_of_memcpy": round(handover_gb_s / memcpy, 3),
+        "channel_s": round(channel_s, 4), "channel_gb_s": round(channel_gb_s, 3),
+        "channel_fraction_of_memcpy": round(channel_gb_s / memcpy, 3),
         "full_parts_s": {k: round(full[k], 4) for k in ("export_s", "handover_s", "load_s")},
         "dtype": args.dtype, "load_avg": round(load, 2)}))
     return 0

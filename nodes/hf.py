@@ -133,7 +133,7 @@ class Generate(Rollout):
         t0 = time.perf_counter()
         if weights.payload == "lora":
             from peft import set_peft_model_state_dict
-            set_peft_model_state_dict(self.model, weights.tensors)
+            set_peft_model_state_dict(self.model, dict(weights.tensors))      # peft wants a dict
         else:
             self.model.load_state_dict(weights.tensors, strict=True)
         if self.device != "cpu":

@@ -51,8 +51,9 @@ class Policy:
         wd = update_spec.weight_decay if update_spec is not None else 0.0
         self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=self.device.type == "cuda")
         self.ref = None
-        self.exports: deque = deque(maxlen=2)
-        """The last weight exports, kept alive while a receiver may still be opening them (cuda-ipc)."""
+        self.exports: deque = deque(maxlen=3)
+        """The last weight exports, kept alive while a receiver may still be opening them (cuda-ipc, shm):
+        with two steps in flight, a receiver has opened every export older than the newest two."""
 
     @staticmethod
     def of(ctx) -> "Policy":
@@ -221,8 +222,9 @@ class Update:
 class Sync:
     """Export the trainer's weights for the rollout: the full state dict, or LoRA adapter tensors only.
 
-    On the CPU: a dict of cloned tensors, pickled through the channel's shared memory. On a GPU the path
-    is chosen from the placement (:func:`weights_path`):
+    On the CPUs of one host: a :class:`~omnigraph.tensors.TensorPack` in a ``/dev/shm`` file (path ``shm``:
+    only its name crosses; tied weights once); on a cluster, a dict of cloned tensors through the
+    channel. On a GPU the path is chosen from the placement (:func:`weights_path`):
 
     - ``nccl`` (trainer and rollout on whole GPUs of their own): the bytes go by NCCL broadcast in buckets
       of ``bucket_mb`` (:mod:`omnigraph.weightsync`) and the value returned is their description only;
@@ -234,7 +236,10 @@ class Sync:
     def __init__(self, name, spec, ctx):
         self.name, self.spec, self.ctx = name, spec, ctx
         self.policy = Policy.of(ctx)
-        self.path = weights_path(ctx, name) if self.policy.device.type == "cuda" else "host"
+        if self.policy.device.type == "cuda":
+            self.path = weights_path(ctx, name)
+        else:       # one host (a local cluster): a /dev/shm file; on a cluster, through the channel
+            self.path = "host" if ctx.spec.runtime.address else "shm"
         self._told = False
         self._meta = None
 
@@ -265,6 +270,10 @@ class Sync:
             if path == "host":
                 tensors = TensorPack({k: b.cpu() for k, b in tensors.buffers.items()}, tensors.layout, "host")
             torch.cuda.current_stream(pol.device).synchronize()
+            pol.exports.append(tensors)
+            nbytes = tensors.nbytes
+        elif path == "shm":
+            tensors = TensorPack.pack(state, path="shm")
             pol.exports.append(tensors)
             nbytes = tensors.nbytes
         elif path != "nccl":

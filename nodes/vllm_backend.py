@@ -135,7 +135,13 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> int:
     (2.6 GB/s here), where ``save`` (to bytes) and then writing took 4.5x as long."""
     from safetensors.torch import save_file
     tmp = path.with_suffix(".tmp")
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp))
+    seen, out = set(), {}
+    for k, v in tensors.items():            # a tied weight once (the loader re-ties the head)
+        key = (v.data_ptr(), tuple(v.shape))
+        if key not in seen:
+            seen.add(key)
+            out[k] = v.detach().contiguous()
+    save_file(out, str(tmp))
     os.replace(tmp, path)
     return path.stat().st_size
 
