@@ -5,11 +5,12 @@ generate backend (``nodes.vllm_backend``), on SmolLM2-135M. One sync is
 
 - ``export``: the trainer's ``sync`` node copies its weights out (a state
   dict, or the LoRA adapter tensors only);
-- ``hand-over``: the bytes cross to the rollout's process through
-  ``/dev/shm``: one safetensors file written by the trainer and read by
-  the rollout (the engine-process path). In a run, the compiled graph's
-  shared-memory channel between the two actors carries them: measured
-  separately on the same tensors (``channel_s``, ``bench/ray_channel.py``);
+- ``hand-over``: what crosses between the two actors, pickled and
+  unpickled: on one host's CPUs the export lives in a ``/dev/shm`` file
+  (``TensorPack`` path ``shm``) and only its name crosses; the receiving
+  side maps the file. For comparison, the compiled graph's channel
+  carrying the same tensors as a dict between two actors (the path before
+  ``shm``) is measured too (``channel_s``, ``bench/ray_channel.py``);
 - ``load``: the engine takes them in place (``reload_weights`` through the
   worker extension, tied head re-tied, prefix cache reset), or for LoRA a
   new adapter version (``LoRARequest``), or the adapter merged into the
@@ -57,23 +58,24 @@ def memcpy_gb_s(tensors: dict, repeats: int) -> float:
     return flat.numel() / statistics.median(times[1:]) / 1e9
 
 
-def one_sync(sync, gen, version: int, shm: Path) -> dict:
-    """export -> /dev/shm safetensors -> load into the engine; seconds of each part."""
-    from safetensors.torch import load_file
+def one_sync(sync, gen, version: int) -> dict:
+    """export -> hand-over -> load into the engine, as a run does it; seconds of each part.
+
+    The hand-over is what crosses between the two actors: the export pickled and unpickled (for the
+    ``shm`` path a file name, which the receiving side maps; a dict of tensors otherwise)."""
+    import pickle
     from omnigraph.data import Weights
-    from nodes.vllm_backend import write_safetensors
 
     t0 = time.perf_counter()
     w = sync(version, Weights(version=version))["weights"]
     t1 = time.perf_counter()
-    path = shm / f"sync-{version}.safetensors"
-    size = write_safetensors(w.tensors, path)          # trainer side
-    w.tensors = load_file(str(path))                   # rollout side (a mapping of the same pages)
-    path.unlink()
+    blob = pickle.dumps(w.tensors, protocol=5)
+    w.tensors = pickle.loads(blob)
     t2 = time.perf_counter()
     gen.apply(w)
     t3 = time.perf_counter()
-    return {"export_s": t1 - t0, "handover_s": t2 - t1, "load_s": t3 - t2, "sync_s": t3 - t0, "bytes": size}
+    return {"export_s": t1 - t0, "handover_s": t2 - t1, "load_s": t3 - t2, "sync_s": t3 - t0,
+            "bytes": w.nbytes, "pickled_bytes": len(blob)}
 
 
 def run_case(overrides: list[str], repeats: int) -> tuple[dict, dict]:
@@ -84,7 +86,7 @@ def run_case(overrides: list[str], repeats: int) -> tuple[dict, dict]:
     from omnigraph.data import Weights
     from omnigraph.node import ActorState, NodeContext
     from nodes.trainer import Sync
-    from nodes.vllm_backend import VllmGenerate, shm_dir
+    from nodes.vllm_backend import VllmGenerate
 
     spec = og.load(ROOT / "graphs" / "smollm2_vllm_one_step_off.yaml", overrides)
     sync = Sync("sync", spec.nodes["sync"], NodeContext("trainer.0", 0, 1, 0, spec, ActorState()))
@@ -95,9 +97,10 @@ def run_case(overrides: list[str], repeats: int) -> tuple[dict, dict]:
             for name, p in sync.policy.model.named_parameters():
                 if p.requires_grad:
                     p.add_(1e-3)
-        rows.append(one_sync(sync, gen, v, shm_dir()))
+        rows.append(one_sync(sync, gen, v))
     med = {k: statistics.median(r[k] for r in rows[1:]) for k in rows[0]}
-    state = sync(0, Weights(version=0))["weights"].tensors
+    # own tensors: views of one flat buffer would each pickle the whole buffer
+    state = {k: v.clone() for k, v in sync(0, Weights(version=0))["weights"].tensors.items()}
     from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
     del gen.llm
     gc.collect()
@@ -135,9 +138,11 @@ def main() -> int:
               f"{r['sync_s']:7.3f} {r['bytes'] / r['sync_s'] / 1e9:6.2f}")
     full_gb_s = full["bytes"] / full["sync_s"] / 1e9
     handover_gb_s = full["bytes"] / full["handover_s"] / 1e9
+    path_gb_s = full["bytes"] / (full["export_s"] + full["handover_s"]) / 1e9
     channel_gb_s = nbytes(state) / channel_s / 1e9
     print(f"memcpy of the same {full['bytes'] / 1e6:.0f} MB: {memcpy:.2f} GB/s; full sync {full_gb_s:.2f} GB/s "
-          f"({full_gb_s / memcpy:.0%}), its /dev/shm hand-over {handover_gb_s:.2f} GB/s ({handover_gb_s / memcpy:.0%}); "
+          f"({full_gb_s / memcpy:.0%}); export + hand-over (the weight path, the engine's reload aside) "
+          f"{path_gb_s:.2f} GB/s ({path_gb_s / memcpy:.0%}), {full['pickled_bytes']} bytes pickled; "
           f"the compiled graph's channel between two actors (a run's hand-over) {channel_s:.3f} s, "
           f"{channel_gb_s:.2f} GB/s ({channel_gb_s / memcpy:.0%})")
     print(json.dumps({
@@ -147,6 +152,8 @@ def main() -> int:
         "lora_fraction_of_full": round(adapter["bytes"] / full["bytes"], 4),
         "memcpy_gb_s": round(memcpy, 3), "fraction_of_memcpy": round(full_gb_s / memcpy, 3),
         "handover_gb_s": round(handover_gb_s, 3), "handover_fraction_of_memcpy": round(handover_gb_s / memcpy, 3),
+        "path_gb_s": round(path_gb_s, 3), "path_fraction_of_memcpy": round(path_gb_s / memcpy, 3),
+        "pickled_bytes": full["pickled_bytes"],
         "channel_s": round(channel_s, 4), "channel_gb_s": round(channel_gb_s, 3),
         "channel_fraction_of_memcpy": round(channel_gb_s / memcpy, 3),
         "full_parts_s": {k: round(full[k], 4) for k in ("export_s", "handover_s", "load_s")},

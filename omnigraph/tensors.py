@@ -197,11 +197,33 @@ def _shm_buffer(n: int, dt: str):
     folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     if folder is None:
         raise RuntimeError("the shm weights path needs a writable /dev/shm")
+    if _SHM_COUNT[0] == 0:
+        _remove_orphans(folder)
     _SHM_COUNT[0] += 1
-    path = os.path.join(folder, f"omnigraph-weights-{os.getpid()}-{_SHM_COUNT[0]}-{dt}")
+    tag = os.environ.get("OMNIGRAPH_SHM_TAG", str(os.getpid()))
+    path = os.path.join(folder, f"omnigraph-weights-{tag}-{os.getpid()}-{_SHM_COUNT[0]}-{dt}")
     t = torch.from_file(path, shared=True, size=max(n, 1), dtype=getattr(torch, dt))[:n]
     t.og_file = path
     return t
+
+
+def _remove_orphans(folder: str) -> None:
+    """Weights files whose writer is gone (killed before it could clean up): RAM nobody will free."""
+    import glob
+    for path in glob.glob(os.path.join(folder, "omnigraph-weights-*")):
+        try:
+            pid = int(os.path.basename(path).split("-")[-3])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _unlink([path])
+        except (ValueError, IndexError, PermissionError):
+            pass
+
+
+def remove_shm(tag: str) -> None:
+    """Delete every weights file made under ``tag`` (an executor's actors, after they stopped)."""
+    import glob
+    _unlink(glob.glob(f"/dev/shm/omnigraph-weights-{tag}-*"))
 
 
 def _unlink(paths: list[str]) -> None:

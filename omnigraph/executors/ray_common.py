@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections import deque
 from typing import Any, Iterator
 
@@ -110,7 +111,9 @@ class RayExecutor(Executor):
         remote = ray.remote(concurrency_groups={"control": 1})(GraphActor)
         env = {k: v for k, v in os.environ.items() if k.startswith(("OMNIGRAPH_", "NCCL_", "TORCH_NCCL_",
                                                                       "TORCH_SYMM_MEM_", "NVSHMEM_"))
-               and k != "OMNIGRAPH_PIN_CPUS"}
+               and k not in ("OMNIGRAPH_PIN_CPUS", "OMNIGRAPH_SHM_TAG")}
+        # the actors' /dev/shm weight files carry this tag: stop() removes them even after a kill
+        self.shm_tag = env["OMNIGRAPH_SHM_TAG"] = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         env |= {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan)),
                 "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
                "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
@@ -256,6 +259,9 @@ class RayExecutor(Executor):
     def stop(self) -> None:
         import ray
         self.kill_actors()
+        if getattr(self, "shm_tag", None):
+            from ..tensors import remove_shm
+            remove_shm(self.shm_tag)
         if self.signals is not None:
             self.signals.remove()
             self.signals = None
