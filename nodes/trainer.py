@@ -236,10 +236,7 @@ class Sync:
     def __init__(self, name, spec, ctx):
         self.name, self.spec, self.ctx = name, spec, ctx
         self.policy = Policy.of(ctx)
-        if self.policy.device.type == "cuda":
-            self.path = weights_path(ctx, name)
-        else:       # one host (a local cluster): a /dev/shm file; on a cluster, through the channel
-            self.path = "host" if ctx.spec.runtime.address else "shm"
+        self.path = weights_path(ctx, name)
         self._told = False
         self._meta = None
 
@@ -289,7 +286,7 @@ class Sync:
 
 
 def weights_path(ctx, name: str) -> str:
-    """How ``sync``'s tensors reach their consumers: ``nccl``, ``cuda-ipc``, ``device`` or ``host``
+    """How ``sync``'s tensors reach their consumers: ``nccl``, ``cuda-ipc``, ``device``, ``shm`` or ``host``
     (:func:`omnigraph.weightsync.choose_path`). ``OMNIGRAPH_WEIGHTS_PATH`` overrides the choice."""
     forced = os.environ.get("OMNIGRAPH_WEIGHTS_PATH")
     if forced:

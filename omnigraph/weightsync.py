@@ -48,8 +48,11 @@ ALIGN = 256
 # ---------------------------------------------------------------- which path
 
 def choose_path(spec, node: str) -> str:
-    """How the weights exported by ``node`` reach its consumers: ``nccl``, ``cuda-ipc``, ``device`` or ``host``.
+    """How the weights exported by ``node`` reach its consumers: ``nccl``, ``cuda-ipc``, ``device``, ``shm``
+    or ``host``.
 
+    On a CPU trainer pool: ``shm`` on one host (a ``/dev/shm`` file; only its name crosses), ``host`` on a
+    cluster (``runtime.address``: the tensors cross the channel).
     ``nccl`` when the exporting pool and every consumer's pool have whole GPUs (``gpus >= 1``), the
     consumers are on other pools and no weights edge asks for ``transport: shm``; ``cuda-ipc`` when all
     have fractions of one card on one host; ``device`` between whole GPUs otherwise; else ``host``.
@@ -58,7 +61,7 @@ def choose_path(spec, node: str) -> str:
     outs = [e for e in spec.edges if e.src == node and e.dst in spec.nodes]
     pools = [spec.pools[pool]] + [spec.pools[spec.nodes[e.dst].pool] for e in outs]
     if pools[0].gpus <= 0:
-        return "host"
+        return "host" if spec.runtime.address else "shm"
     if outs and not spec.runtime.address and all(0 < p.gpus < 1 for p in pools):
         return "cuda-ipc"
     if all(p.gpus >= 1 for p in pools):

@@ -26,7 +26,7 @@ def spec(*overrides):
 
 @pytest.mark.parametrize("trainer, rollout, want", [
     ("1", "1", "nccl"), ("1", "2", "nccl"), ("2", "1", "nccl"),
-    ("0.5", "0.5", "cuda-ipc"), ("1", "0.5", "host"), ("0.5", "1", "host"), ("0", "1", "host"), ("0", "0", "host")])
+    ("0.5", "0.5", "cuda-ipc"), ("1", "0.5", "host"), ("0.5", "1", "host"), ("0", "1", "shm"), ("0", "0", "shm")])
 def test_the_path_follows_the_placement(trainer, rollout, want):
     s = spec(f"pools.trainer.gpus={trainer}", f"pools.rollout.gpus={rollout}")
     assert choose_path(s, "sync") == want
@@ -210,3 +210,22 @@ def test_compiled_graphs_get_no_ray_nccl_hint_between_whole_gpus():
         ex = RayCompiledExecutor(plan)
         ex.ops = program(plan, waits=False)
         assert set(ex._transports().values()) == want
+
+
+def test_channels_are_sized_for_what_crosses_them(monkeypatch):
+    """On one host's CPUs only a /dev/shm file name crosses: the compiled graph's channels stay small; on a
+    cluster the weights themselves cross, so every channel buffer must hold them (a channel that grows
+    later hangs Ray's teardown)."""
+    from nodes import models
+    from omnigraph.executors.ray_common import MIN_BUFFER, channel_bytes
+    monkeypatch.delenv("OMNIGRAPH_WEIGHTS_PATH", raising=False)
+    one_step_off = GRAPHS / "grpo_one_step_off.yaml"
+    local = og.compile(og.load(one_step_off, ["model.path=smollm2-135m"]))    # never materialised: not needed
+    assert choose_path(local.graph.spec, "sync") == "shm" and channel_bytes(local) == MIN_BUFFER
+    cluster = og.compile(og.load(one_step_off, ["runtime.address=10.0.0.1:6379"]))
+    weights = models.weight_bytes(models.resolve("tiny", cluster.graph.spec.model.seed))
+    assert choose_path(cluster.graph.spec, "sync") == "host" and channel_bytes(cluster) >= weights
+    tiny = og.compile(og.load(one_step_off))
+    assert channel_bytes(tiny) == MIN_BUFFER
+    monkeypatch.setenv("OMNIGRAPH_WEIGHTS_PATH", "host")                       # forced: the tensors cross
+    assert channel_bytes(tiny) >= weights

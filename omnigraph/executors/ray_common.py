@@ -25,15 +25,23 @@ def channel_bytes(plan) -> int:
     tokens = max((getattr(n.spec, "max_new_tokens", 0) for n in plan.graph.nodes.values()), default=0) + 64
     per_sample = tokens * 8 * 6 + 2048          # ids, masks, logprobs... as int64/float, plus texts
     est = samples * per_sample
-    # weights fill a channel unless only a CUDA IPC handle crosses (or nccl carries the tensors)
-    weights_in_shm = any(c.edge.state and c.transport == "shm" for c in plan.channels)
-    if weights_in_shm and any(n.kind == "sync" and n.backend == "torch" for n in plan.graph.nodes.values()):
+    if any(c.edge.state and weights_cross(plan, c.edge.src) for c in plan.channels if c.transport != "local"):
         from nodes import models
         est = max(est, models.weight_bytes(models.resolve(spec.model.path, spec.model.seed)))
     est = int(est * 1.25) + 65536
     if spec.runtime.channel_mb:
         est = int(spec.runtime.channel_mb * (1 << 20))
     return max(MIN_BUFFER, 1 << (est - 1).bit_length())
+
+
+def weights_cross(plan, node: str) -> bool:
+    """Whether the weights ``node`` exports cross a channel as tensors (paths ``host``/``device``); a
+    ``/dev/shm`` file name, a CUDA IPC handle or an NCCL bucket description is a few kB."""
+    from ..weightsync import choose_path
+    n = plan.graph.nodes[node]
+    if n.kind != "sync" or n.backend != "torch":
+        return False
+    return (os.environ.get("OMNIGRAPH_WEIGHTS_PATH") or choose_path(plan.graph.spec, node)) in ("host", "device")
 
 
 class RayExecutor(Executor):
