@@ -4,6 +4,7 @@
     omnigraph check GRAPH.yaml [key=value ...] [--json]
     omnigraph viz GRAPH.yaml [-f mermaid|dot|ascii|png] [-o FILE] [--timeline]
     omnigraph ledger RUN_DIR [--json]
+    omnigraph plan [GRAPH.yaml] --timings RUN_DIR [--json]
 
 A mistake the user can make ends in one message and exit code 1, never a
 traceback. ``main(argv)`` returns the exit code, for tests.
@@ -62,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("-f", "--format", default="ascii", choices=["mermaid", "dot", "ascii", "png"])
     v.add_argument("-o", "--output", help="output file (required for png and --timeline)")
     v.add_argument("--timeline", action="store_true", help="draw the unrolled pipeline as a PNG Gantt chart")
+    w = sub.add_parser("plan", help="predicted step time of each schedule, from a run's measured node times")
+    w.add_argument("graph", nargs="?", help="graph YAML file (default: the run's config.yaml)")
+    w.add_argument("overrides", nargs="*", metavar="key.path=value", help="override fields, e.g. pools.rollout.actors=2")
+    w.add_argument("--timings", metavar="RUN_DIR", required=True, help="a run directory whose node times to use")
+    w.add_argument("--json", action="store_true", help="print one JSON object")
     g = sub.add_parser("ledger", help="where every prompt group of a run went")
     g.add_argument("run_dir", help="a run directory")
     g.add_argument("--json", action="store_true", help="print one JSON object")
@@ -71,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "check": cmd_check, "viz": cmd_viz, "ledger": cmd_ledger}[args.command](args)
+        return {"run": cmd_run, "check": cmd_check, "viz": cmd_viz, "ledger": cmd_ledger,
+                "plan": cmd_plan}[args.command](args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -129,6 +136,21 @@ def cmd_ledger(args) -> int:
     s = read(args.run_dir)
     print(json.dumps(s.as_dict()) if args.json else format_summary(s))
     return 0 if s.ok else 1
+
+
+def cmd_plan(args) -> int:
+    from . import whatif
+    from .compiler import to_spec
+    if not args.graph:
+        args.graph = os.path.join(args.timings, "config.yaml")
+        if not os.path.isfile(args.graph):
+            raise GraphError(f"'{args.timings}' is not a run directory (no config.yaml)", where="--timings",
+                             fix="pass the directory printed by omnigraph run, or the graph file before it")
+    spec = to_spec(args.graph, list(args.overrides))
+    timings, rows, info = whatif.compare(spec, args.timings)
+    print(json.dumps(whatif.as_json(timings, rows, info)) if args.json
+          else whatif.format_table(spec, args.timings, timings, rows, info))
+    return 0
 
 
 def cmd_viz(args) -> int:

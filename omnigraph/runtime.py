@@ -65,7 +65,8 @@ def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -
 
     ``timing_s/<node>``: compute seconds (slowest rank); ``timing_s/gen``: how long the
     trainer waited for samples (~0 when generation is hidden); ``timing_s/update_weights``:
-    export + the rollout's wait for and loading of new weights; ``bubble/<pool>``: the
+    export + the rollout's wait for and loading of new weights (``timing_s/apply_weights``: the loading
+    alone, on the rollout's actor before it generates); ``bubble/<pool>``: the
     fraction of the step the pool's actors sat idle.
     """
     row: dict[str, Any] = {"step": result.step, "wall_s": round(elapsed, 6), "step_s": round(step_s, 6),
@@ -111,6 +112,9 @@ def _pipeline_metrics(row, plan, busy, waits, applies, step_s) -> None:
     receive = max((waits.get((a, True), 0.0) + applies.get(a, 0.0) for a in plan.actors if pool_of[a] in rollout),
                   default=0.0)
     row["timing_s/update_weights"] = round(export + receive, 6)
+    loads = [applies[a] for a in plan.actors if pool_of[a] in rollout and a in applies]
+    if loads:
+        row["timing_s/apply_weights"] = round(max(loads), 6)
     if step_s > 0:
         for pool in dict.fromkeys(pool_of.values()):
             actors = [a for a in plan.actors if pool_of[a] == pool]
