@@ -79,3 +79,19 @@ def test_sync_mode_with_lora_over_nccl_on_ray_tasks():
     versions = [r["weights_version"] for r in records if "weights_version" in r]
     assert versions == [0, 1, 2, 3], versions
     assert _same_weights(states, lora=True) > 4
+
+
+def test_a_rollout_killed_mid_run_on_two_gpus_restarts_into_a_new_nccl_group(tmp_path, monkeypatch):
+    """kill -9 of the rollout actor (GPU 1) at step 12: the supervisor tears both actors down, starts them again,
+    they form a fresh NCCL group and the run resumes from the step-10 checkpoint; no prompt group is lost or
+    trained twice and the reward still rises."""
+    from omnigraph.ledger import read
+    from omnigraph.runtime import run
+    monkeypatch.setenv("OMNIGRAPH_INJECT", "generate@12:exit")
+    plan = og.compile(TWO_GPU, overrides=["schedule.iterations=30", "checkpoint.every=10", "runtime.max_restarts=1"])
+    res = run(plan, run_dir=tmp_path, progress=False)
+    s = res.summary
+    assert len(s["restarts"]) == 1 and "generate" in s["restarts"][0]["cause"], s["restarts"]
+    ledger = read(res.run_dir)
+    assert ledger.ok and ledger.trained_once == ledger.generated == 30 * plan.graph.spec.task.prompts, ledger
+    assert s["observed_max_staleness"] <= 1 and s["reward_last"] > s["reward_first"] + 0.3, s
