@@ -215,6 +215,8 @@ def _attempt(plan, out: Path, graph_id: str, executor, bar, t0: float, resume: b
     start = restart.step + 1 if restart else 0
     files = _Files(out, restart.manifest if restart else ({} if resume else None))
     ex = make_executor(plan, executor, on_status=bar.status)
+    from .loggers import make
+    loggers = make(spec.runtime.loggers, out, start)
     every = spec.checkpoint.every
     barrier = (lambda t: bool(every) and 0 < t < plan.steps and t % every == 0) if every else None
     rows: list[dict[str, Any]] = []
@@ -239,6 +241,9 @@ def _attempt(plan, out: Path, graph_id: str, executor, bar, t0: float, resume: b
                 for e in events(r):
                     files.write("ledger", e)
             files.flush()
+            for lg in loggers:
+                lg.log(row)
+                lg.flush()
             bar.advance(row)
             if barrier and barrier(result.step + 1):
                 bar.status(f"checkpoint after step {result.step}")
@@ -253,6 +258,8 @@ def _attempt(plan, out: Path, graph_id: str, executor, bar, t0: float, resume: b
         raise
     finally:
         _quietly(files.close)
+        for lg in loggers:
+            _quietly(lg.close)
         _quietly(ex.stop)
     return rows
 

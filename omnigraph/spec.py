@@ -281,6 +281,8 @@ class RuntimeSpec(Strict):
     """A step that takes longer stops the run, naming the node still running."""
     channel_mb: float | None = Field(None, gt=0, le=65_536)
     """Size of each compiled-graph channel buffer (default: estimated from the batch)."""
+    loggers: list[Literal["tensorboard"]] = []
+    """Besides ``metrics.jsonl``: ``tensorboard`` writes every step's metrics to ``<run dir>/tensorboard``."""
     pin_cpus: bool = True
     """On a local cluster, give each actor its own cores (``pools.*.cpus`` whole cores, laid out in
     order) when they all fit the machine: pools then stop fighting over cores (vLLM binds its

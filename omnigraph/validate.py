@@ -338,6 +338,12 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
             if n.spec.payload == "full" and lora:
                 errors.add("the update node trains LoRA adapters: send them, not the full weights",
                            where=f"nodes.{n.name}.payload", fix="set payload: lora")
+    from .loggers import missing
+    for name in spec.runtime.loggers:
+        if missing(name):
+            errors.add(f"logger '{name}' needs the {missing(name)} package, which is not installed",
+                       where="runtime.loggers", fix=f"pip install {missing(name)} (or pip install -e '.[{name}]'), "
+                                                    f"or remove {name} from runtime.loggers")
     real = [n for n in nodes.values() if n.backend not in ("synthetic", "python", "custom")]
     path = spec.model.path
     if real and path not in MODEL_ALIASES and not Path(path).expanduser().is_dir():
