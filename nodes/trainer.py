@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from omnigraph import dataparallel
 from omnigraph.data import SampleBatch, Weights
 from omnigraph.tensors import TensorPack, to_device
 from nodes import models
@@ -167,7 +168,8 @@ class Update:
         model = pol.model
         model.train()
         n = len(batch)
-        if n == 0:                       # every sample dropped as too stale
+        dp = dataparallel.of(self.ctx)   # several trainer actors: one optimizer over the whole batch
+        if n == 0 and dp is None:        # every sample dropped as too stale
             return {"weights": Weights(version=0)}
         batch = pol.on_device(batch)
         f = batch.fields
@@ -179,10 +181,21 @@ class Update:
         ref = f.get("ref_logprob")
         mask = f["response_mask"]
         mb = (s.mini_batch_size // self.ctx.world) if s.mini_batch_size else n
+        if dp is None:
+            minis = _micro(n, mb)
+        elif s.mini_batch_size:          # the ranks take the same number of optimizer steps
+            steps = dataparallel.all_max(dp, len(_micro(n, mb)), pol.device)
+            minis = [slice(min(i * mb, n), min((i + 1) * mb, n)) for i in range(steps)]
+        else:
+            minis = [slice(0, n)]
+        params = [p for p in model.parameters() if p.requires_grad]
         stats: dict[str, list[float]] = {}
-        for mini in _micro(n, mb):
+        for mini in minis:
             pol.opt.zero_grad(set_to_none=True)
             tokens = mask[mini].sum().clamp(min=1)
+            if dp is not None:           # the whole mini-batch's tokens: the loss is summed over ranks
+                tokens = torch.tensor(max(1.0, dataparallel.all_sum(dp, float(mask[mini].sum()), pol.device)),
+                                      device=pol.device)
             for micro in _micro(mini.stop - mini.start, s.micro_batch_size):
                 rows = slice(mini.start + micro.start, mini.start + micro.stop)
                 lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True)
@@ -201,10 +214,12 @@ class Update:
                     stats.setdefault(k, []).append(float(getattr(out, k)))
                 stats.setdefault("loss", []).append(float(out.loss.detach()))
                 stats.setdefault("entropy", []).append(float(masked_mean(ent, mask[rows])) * w)
-            gn = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], s.max_grad_norm)
+            if dp is not None:
+                dataparallel.sum_grads(dp, params)
+            gn = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
             stats.setdefault("grad_norm", []).append(float(gn))
             pol.opt.step()
-        minis = len(_micro(n, mb))
+        minis = max(1, len(minis))
         if pol.device.type == "cuda":
             stats["gpu_mem_gb"] = [torch.cuda.max_memory_allocated(pol.device) / 1e9]
         self.ctx.log(**{k: (max(v) if k.endswith("_max") else
@@ -221,7 +236,10 @@ class Update:
         self.policy.opt.load_state_dict(state["opt"])
 
     def save(self, run_dir: str) -> None:
-        """The final weights, loadable with ``AutoModelForCausalLM.from_pretrained(run_dir/final)``."""
+        """The final weights, loadable with ``AutoModelForCausalLM.from_pretrained(run_dir/final)``
+        (rank 0 of a data-parallel pool: the ranks hold the same weights)."""
+        if self.ctx.rank != 0:
+            return
         out = Path(run_dir) / "final"
         model = self.policy.model
         if self.policy.lora is not None:

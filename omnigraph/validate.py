@@ -313,6 +313,18 @@ def _weights_transport(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors)
                        fix="send the weights to one node per pool, or set transport: shm on these edges")
 
 
+def _data_parallel(spec: GraphSpec, n: Node, errors: _Errors) -> None:
+    """Several trainer actors train as one (omnigraph.dataparallel): a process group between them."""
+    pool = spec.pools[n.pool]
+    if 0 < pool.gpus < 1:
+        errors.add(f"data-parallel training over {pool.actors} trainer actors with {pool.gpus:g} GPU each: NCCL "
+                   "needs each rank on a GPU of its own", where=f"pools.{n.pool}.gpus",
+                   fix=f"set pools.{n.pool}.gpus: 1, or pools.{n.pool}.actors: 1")
+    if spec.runtime.executor == "local":
+        errors.add(f"data-parallel training over {pool.actors} trainer actors needs one process per actor",
+                   where="runtime.executor", fix=f"use the ray or ray-tasks executor, or pools.{n.pool}.actors: 1")
+
+
 def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
     from nodes.tasks import TASKS
     if spec.task.name not in TASKS and ":" not in spec.task.name:
@@ -328,8 +340,7 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
             errors.add(f"lora_serving: merged is a vllm backend option (this node uses backend {n.backend})",
                        where=f"nodes.{n.name}.lora_serving", fix="remove it, or set backend: vllm")
         if n.kind == "update" and n.backend == "torch" and spec.pools[n.pool].actors > 1:
-            errors.add(f"data-parallel training over {spec.pools[n.pool].actors} trainer actors is not supported "
-                       "by backend torch yet", where=f"pools.{n.pool}.actors", fix="use 1 trainer actor")
+            _data_parallel(spec, n, errors)
         if n.kind == "sync" and n.backend == "torch":
             lora = any(u.kind == "update" and u.spec.lora for u in nodes.values())
             if n.spec.payload == "lora" and not lora:

@@ -95,3 +95,25 @@ def test_a_rollout_killed_mid_run_on_two_gpus_restarts_into_a_new_nccl_group(tmp
     ledger = read(res.run_dir)
     assert ledger.ok and ledger.trained_once == ledger.generated == 30 * plan.graph.spec.task.prompts, ledger
     assert s["observed_max_staleness"] <= 1 and s["reward_last"] > s["reward_first"] + 0.3, s
+
+
+def test_two_trainer_gpus_train_as_one_over_nccl():
+    """Data-parallel update over an NCCL group of two trainer actors (a GPU each; the rollout on the CPU): the
+    ranks stay bit-identical and the reward rises."""
+    from omnigraph import dataparallel
+    from omnigraph.executors.base import make_executor
+    plan = og.compile(TWO_GPU, overrides=["pools.trainer.actors=2", "pools.rollout.gpus=0", "pools.rollout.cpus=1",
+                                          "schedule.iterations=30", "checkpoint.every=null"])
+    assert dataparallel.groups(plan) == {"dp-trainer": (["trainer.0", "trainer.1"], "nccl")}
+    ex = make_executor(plan, "ray")
+    ex.start()
+    try:
+        info = ex.info
+        assert info["trainer.0"]["cuda"]["uuid"] != info["trainer.1"]["cuda"]["uuid"], info
+        rewards = [r["reward_mean"] for s in ex.steps() for r in s.records if "reward_mean" in r]
+        states = _states(ex)
+    finally:
+        ex.stop()
+    a, b = (states[f"trainer.{r}"]["update"]["model"] for r in (0, 1))
+    assert all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards

@@ -80,11 +80,12 @@ class GraphActor:
         from ..weightsync import open_store
         return open_store(group, ray.util.get_node_ip_address())
 
-    def join_group(self, group: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> str | None:
-        """Join a weights group (every member at once); an error comes back as text."""
+    def join_group(self, group: str, host: str, port: int, rank: int, world: int, timeout_s: float,
+                   backend: str = "nccl") -> str | None:
+        """Join a weights or data-parallel group (every member at once); an error comes back as text."""
         from ..weightsync import join
         try:
-            join(group, host, port, rank, world, timeout_s)
+            join(group, host, port, rank, world, timeout_s, backend=backend)
         except Exception as e:  # noqa: BLE001 - reported by the driver with the actor's name
             return f"{type(e).__name__}: {e}"
         return None

@@ -76,23 +76,30 @@ class RayExecutor(Executor):
         """Weights over NCCL (omnigraph.weightsync): each group's sender opens a store on a free port of its
         host, then every member joins at once (the communicator is made before the first step)."""
         import ray
+        from .. import dataparallel
         from ..weightsync import weight_groups
-        for name, members in weight_groups(self.plan).items():
+        wanted = {name: (members, "nccl") for name, members in weight_groups(self.plan).items()}
+        wanted |= dataparallel.groups(self.plan)         # trainer actors that train as one (gloo or nccl)
+        for name, (members, backend) in wanted.items():
             host, port = ray.get(self.actors[members[0]].open_store.remote(name), timeout=60)
-            refs = [self.actors[a].join_group.remote(name, host, port, i, len(members), max(3600.0, 4 * self.timeout))
+            refs = [self.actors[a].join_group.remote(name, host, port, i, len(members),
+                                                     max(3600.0, 4 * self.timeout), backend)
                     for i, a in enumerate(members)]
+            what = "data-parallel training" if name.startswith("dp-") else "weights"
             try:
                 errors = ray.get(refs, timeout=START_TIMEOUT_S)
             except ray.exceptions.GetTimeoutError:
-                raise GraphError(f"the NCCL group for weights ({', '.join(members)}) did not form within "
+                raise GraphError(f"the {backend} group for {what} ({', '.join(members)}) did not form within "
                                  f"{START_TIMEOUT_S:.0f} s", where="pools",
                                  fix="check that the GPUs can reach each other (NCCL_DEBUG=INFO says more), or "
                                      "set transport: shm on the weights edge") from None
             bad = [f"{a}: {err}" for a, err in zip(members, errors) if err]
             if bad:
-                raise GraphError(f"the NCCL group for weights could not form ({'; '.join(bad)})", where="pools",
-                                 fix="set transport: shm on the weights edge to send them through Ray instead")
-            self.on_status(f"weights go over NCCL: {members[0]} -> {', '.join(members[1:])}")
+                raise GraphError(f"the {backend} group for {what} could not form ({'; '.join(bad)})", where="pools",
+                                 fix="set transport: shm on the weights edge to send them through Ray instead"
+                                 if what == "weights" else "check that the trainer actors can reach each other")
+            self.on_status(f"weights go over NCCL: {members[0]} -> {', '.join(members[1:])}" if what == "weights"
+                           else f"data-parallel training over {backend}: {', '.join(members)}")
 
     def _check_resources(self) -> None:
         """Fail at once, not after a long wait, when the pools cannot all be placed."""

@@ -1,0 +1,92 @@
+"""Data-parallel training: an update node on a pool of several actors.
+
+Every trainer actor holds the same weights (same seed, same initialisation)
+and receives its share of each batch (whole prompt groups, ``SampleBatch.shard``).
+The update then runs as one optimizer over the whole batch:
+
+- the ranks agree on the number of mini-batches (the largest shard decides;
+  a rank whose share of a mini-batch is empty contributes zero gradient);
+- each mini-batch's loss is divided by the token count of the *whole*
+  mini-batch (summed over ranks), and the gradients are summed over ranks in
+  one flat all-reduce before clipping, so the step equals the single-actor
+  step on the whole mini-batch (up to the order of float additions);
+- every rank applies the same AdamW step: the weights stay identical, and
+  ``sync`` exports them from rank 0.
+
+The group is a torch.distributed process group that the executor forms before
+step 0 (the same way as the NCCL weights groups, :mod:`omnigraph.weightsync`):
+``gloo`` on CPUs, ``nccl`` between trainer actors on whole GPUs of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def group_name(pool: str) -> str:
+    return f"dp-{pool}"
+
+
+def backend(spec, pool: str) -> str:
+    return "nccl" if spec.pools[pool].gpus >= 1 else "gloo"
+
+
+def groups(plan) -> dict[str, tuple[list[str], str]]:
+    """Group name -> (member actors in rank order, backend), one per pool that trains on several actors."""
+    spec = plan.graph.spec
+    out = {}
+    for n in plan.graph.of_kind("update"):
+        if n.backend == "torch" and spec.pools[n.pool].actors > 1:
+            members = sorted((a for a, x in plan.actors.items() if x.pool == n.pool), key=lambda a: plan.actors[a].rank)
+            out[group_name(n.pool)] = (members, backend(spec, n.pool))
+    return out
+
+
+def of(ctx) -> Any:
+    """This trainer actor's data-parallel group (None on a single actor)."""
+    if ctx.world == 1:
+        return None
+    from . import weightsync
+    pool = ctx.actor.rsplit(".", 1)[0]
+    g = weightsync.group(group_name(pool))
+    if g is None:
+        raise RuntimeError(f"{ctx.actor} trains data-parallel with {ctx.world} actors but has no process group: "
+                           "only the ray and ray-tasks executors form one (runtime.executor)")
+    return g
+
+
+def _reduce(g, tensor, op):
+    import torch.distributed as dist
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    g.pg.allreduce([tensor], opts).wait()
+    return tensor
+
+
+def all_sum(g, value: float, device) -> float:
+    import torch
+    import torch.distributed as dist
+    return float(_reduce(g, torch.tensor([float(value)], dtype=torch.float64 if device.type == "cpu" else torch.float32,
+                                         device=device), dist.ReduceOp.SUM))
+
+
+def all_max(g, value: int, device) -> int:
+    import torch
+    import torch.distributed as dist
+    return int(_reduce(g, torch.tensor([int(value)], dtype=torch.int64, device=device), dist.ReduceOp.MAX))
+
+
+def sum_grads(g, params: list) -> None:
+    """Sum the gradients of ``params`` over the group, in one flat buffer (missing grads count as zero)."""
+    import torch
+    import torch.distributed as dist
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch.cat([x.reshape(-1) for x in grads])
+    _reduce(g, flat, dist.ReduceOp.SUM)
+    at = 0
+    for x in grads:
+        x.copy_(flat[at:at + x.numel()].view_as(x))
+        at += x.numel()
