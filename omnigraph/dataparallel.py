@@ -20,6 +20,7 @@ step 0 (the same way as the NCCL weights groups, :mod:`omnigraph.weightsync`):
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
@@ -55,11 +56,44 @@ def of(ctx) -> Any:
     return g
 
 
+FAILED = "failed"
+"""The store key a rank sets when its node fails: its peers stop waiting in a collective (a rank that
+raised never joins the all-reduce its peers are in; without this they would wait out the step timeout)."""
+
+
+def mark_failed(actor: str, reason: str) -> None:
+    """Called by the harness when a node of ``actor`` fails: tell the actor's data-parallel peers."""
+    from . import weightsync
+    g = weightsync.group(group_name(actor.rsplit(".", 1)[0]))
+    if g is not None:
+        try:
+            g.store.set(f"{g.name}/{FAILED}", f"{actor}: {reason}"[:500])
+        except Exception:  # noqa: BLE001 - the peers then wait for the step timeout, as before
+            pass
+
+
+def _peer_failure(g) -> str | None:
+    key = f"{g.name}/{FAILED}"
+    try:
+        return g.store.get(key).decode() if g.store.check([key]) else None
+    except Exception:  # noqa: BLE001 - the store's host (rank 0) is gone: so is the group
+        return "rank 0 is gone"
+
+
 def _reduce(g, tensor, op):
     import torch.distributed as dist
     opts = dist.AllreduceOptions()
     opts.reduceOp = op
-    g.pg.allreduce([tensor], opts).wait()
+    work = g.pg.allreduce([tensor], opts)
+    t0, check = time.monotonic(), 0.05
+    while not work.is_completed():       # poll, so that a failed peer is noticed within ~50 ms
+        time.sleep(0.0002)
+        if time.monotonic() - t0 > check:
+            check += 0.05
+            failed = _peer_failure(g)
+            if failed:
+                raise RuntimeError(f"a data-parallel peer failed ({failed}): this rank stops waiting for it")
+    work.wait()
     return tensor
 
 

@@ -79,10 +79,14 @@ class ActorHarness:
             kwargs["batch"] = self._check_staleness(kwargs["batch"], step, record)
         t0 = time.perf_counter()
         try:
-            if (node, step) in self.faults:
-                inject(self.faults[(node, step)], node, step)
+            fault = self.faults.get((node, step)) or self.faults.get((f"{node}#{self.rank}", step))
+            if fault:
+                inject(fault, node, step)
             out = self.nodes[node](step, **kwargs)
         except Exception as e:  # noqa: BLE001 - re-raised with the node and step
+            if kind == "update" and self.world > 1:
+                from .dataparallel import mark_failed
+                mark_failed(self.actor, f"{node} at step {step}: {type(e).__name__}: {e}")
             raise NodeFailure(node, step, e) from e
         record["seconds"] = time.perf_counter() - t0
         record["t_start"], record["t_end"] = t0, t0 + record["seconds"]
@@ -227,7 +231,8 @@ def _stamp(weights: Any, version: int) -> Weights:
 
 
 def parse_faults(text: str) -> dict[tuple[str, int], str]:
-    """``OMNIGRAPH_INJECT="update@2:raise,generate@5:exit"`` -> {(node, step): action}.
+    """``OMNIGRAPH_INJECT="update@2:raise,generate@5:exit"`` -> {(node, step): action}; ``update#1@2``
+    fires on rank 1 of the node's pool only.
 
     Fault injection for tests and ``bench/faults.py``: ``raise`` (the node raises),
     ``hang`` (it never returns), ``exit`` (its process dies at once, like ``kill -9``).

@@ -106,3 +106,22 @@ def test_one_step_off_with_two_trainer_actors_on_ray_learns_and_keeps_them_ident
     assert all(torch.equal(states["trainer.0"][k], states["trainer.1"][k]) for k in states["trainer.0"])
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.3, (first, last)
+
+
+@pytest.mark.slow
+def test_one_failed_rank_stops_its_peer_at_once_and_the_run_recovers(tmp_path, monkeypatch):
+    """Rank 1 raises in the update while rank 0 waits in the all-reduce for it: rank 0 notices through the group's
+    store within ~50 ms (not after runtime.step_timeout_s), the supervisor restarts both from the checkpoint."""
+    import json
+    import time
+
+    from omnigraph.runtime import run
+    monkeypatch.setenv("OMNIGRAPH_INJECT", "update#1@7:raise")
+    plan = og.compile(GRAPH, overrides=["pools.trainer.actors=2", "pools.trainer.cpus=0.5", "schedule.iterations=12",
+                                        "checkpoint.every=4", "runtime.max_restarts=1", "runtime.step_timeout_s=600"])
+    t0 = time.perf_counter()
+    res = run(plan, run_dir=tmp_path, executor="ray", progress=False)
+    (restart,) = [json.loads(x) for x in (res.run_dir / "restarts.jsonl").read_text().splitlines()]
+    assert "injected fault in update at step 7" in restart["cause"], restart
+    assert restart["time"] < 120 and time.perf_counter() - t0 < 240, restart
+    assert res.summary["groups_lost"] == 0 and res.summary["groups_trained_twice"] == 0
