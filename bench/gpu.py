@@ -244,7 +244,7 @@ def micro(name: str, path: Path, origin: str, args) -> dict:
 
 def runtime(path: Path, iterations: int, quick: bool) -> dict:
     """Sync vs one-step-off GRPO through the compiled graph, rollout and trainer sharing the card."""
-    from omnigraph.runtime import run
+    from omnigraph.runtime import run, steady
     common = [f"schedule.iterations={iterations}", "task.prompts=16", f"nodes.generate.max_new_tokens={32 if quick else 64}",
               "nodes.update.micro_batch_size=32", "nodes.old_logprob.micro_batch_size=32",
               "pools.rollout.gpus=0.5", "pools.trainer.gpus=0.5", "model.dtype=bfloat16"]
@@ -253,7 +253,7 @@ def runtime(path: Path, iterations: int, quick: bool) -> dict:
         for mode, graph in (("sync", ROOT / "graphs" / "grpo_sync.yaml"), ("one_step_off", GPU_GRAPH)):
             plan = og.compile(spec_for(path, common, graph))
             res = run(plan, run_dir=tmp, executor="ray", progress=False)
-            rows = res.metrics[plan.fill + 1: len(res.metrics) - plan.fill] or res.metrics[1:]
+            rows = steady(res.metrics, plan.fill)
             med = lambda key: statistics.median([r[key] for r in rows if key in r] or [float("nan")])  # noqa: E731
             out[mode] = {"s_per_step": res.summary["s_per_step"], "generate_s": med("timing_s/generate"),
                          "update_s": med("timing_s/update"), "gen_tokens_per_s": med("gen_tokens_per_s"),

@@ -187,7 +187,7 @@ def model_folder(name: str) -> Path:
 
 def runtime(model: str, iterations: int, args) -> dict:
     import omnigraph as og
-    from omnigraph.runtime import run
+    from omnigraph.runtime import run, steady
     path = model if args.smoke else model_folder(model)
     graphs = {"sync": ROOT / "graphs" / "grpo_sync.yaml",
               "one_step_off": ROOT / "graphs" / "gpu" / "grpo_one_step_off_2gpu.yaml"}
@@ -209,7 +209,7 @@ def runtime(model: str, iterations: int, args) -> dict:
                     print(f"  {layout} {mode}: executor {args.executor} failed ({type(e).__name__}: {e}); "
                           "again with ray-tasks", flush=True)
                     res, executor = run(plan, run_dir=tmp, executor="ray-tasks", progress=False), "ray-tasks"
-                rows = res.metrics[plan.fill + 1: len(res.metrics) - plan.fill] or res.metrics[1:]
+                rows = steady(res.metrics, plan.fill)
                 med = lambda key: round(statistics.median([r[key] for r in rows if key in r] or [float("nan")]), 4)  # noqa: E731
                 weights = next((c.transport for c in plan.channels if c.edge.state and c.transport != "local"), "-")
                 out[f"{layout} {mode}"] = {

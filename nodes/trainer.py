@@ -20,14 +20,13 @@ slower, and the trainer says so once.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections import deque
 from pathlib import Path
 
 import torch
 
-from omnigraph import dataparallel
+from omnigraph import dataparallel, weightsync
 from omnigraph.data import SampleBatch, Weights
 from omnigraph.tensors import TensorPack, to_device
 from nodes import models
@@ -192,10 +191,10 @@ class Update:
         stats: dict[str, list[float]] = {}
         for mini in minis:
             pol.opt.zero_grad(set_to_none=True)
-            tokens = mask[mini].sum().clamp(min=1)
+            tokens = mask[mini].sum()
             if dp is not None:           # the whole mini-batch's tokens: the loss is summed over ranks
-                tokens = torch.tensor(max(1.0, dataparallel.all_sum(dp, float(mask[mini].sum()), pol.device)),
-                                      device=pol.device)
+                tokens = torch.tensor(dataparallel.all_sum(dp, float(tokens), pol.device), device=pol.device)
+            tokens = tokens.clamp(min=1)
             for micro in _micro(mini.stop - mini.start, s.micro_batch_size):
                 rows = slice(mini.start + micro.start, mini.start + micro.stop)
                 lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True)
@@ -254,7 +253,7 @@ class Sync:
 
     On the CPUs of one host: a :class:`~omnigraph.tensors.TensorPack` in a ``/dev/shm`` file (path ``shm``:
     only its name crosses; tied weights once); on a cluster, a dict of cloned tensors through the
-    channel. On a GPU the path is chosen from the placement (:func:`weights_path`):
+    channel. On a GPU the path is chosen from the placement (:func:`omnigraph.weightsync.weights_path`):
 
     - ``nccl`` (trainer and rollout on whole GPUs of their own): the bytes go by NCCL broadcast in buckets
       of ``bucket_mb`` (:mod:`omnigraph.weightsync`) and the value returned is their description only;
@@ -266,7 +265,7 @@ class Sync:
     def __init__(self, name, spec, ctx):
         self.name, self.spec, self.ctx = name, spec, ctx
         self.policy = Policy.of(ctx)
-        self.path = weights_path(ctx, name)
+        self.path = weightsync.weights_path(ctx.spec, name)
         self._told = False
         self._meta = None
 
@@ -287,7 +286,6 @@ class Sync:
             state = model.state_dict()
         path = self.path
         if path == "nccl":
-            from omnigraph import weightsync
             group = weightsync.group(weightsync.group_name(self.name))
             if group is not None:
                 if self._meta is None:
@@ -322,11 +320,3 @@ class Sync:
                                    nbytes=nbytes)}
 
 
-def weights_path(ctx, name: str) -> str:
-    """How ``sync``'s tensors reach their consumers: ``nccl``, ``cuda-ipc``, ``device``, ``shm`` or ``host``
-    (:func:`omnigraph.weightsync.choose_path`). ``OMNIGRAPH_WEIGHTS_PATH`` overrides the choice."""
-    forced = os.environ.get("OMNIGRAPH_WEIGHTS_PATH")
-    if forced:
-        return forced
-    from omnigraph.weightsync import choose_path
-    return choose_path(ctx.spec, name)

@@ -138,14 +138,20 @@ def cmd_ledger(args) -> int:
     return 0 if s.ok else 1
 
 
+def _run_config(run_dir: str, where: str) -> str:
+    """The config.yaml a run wrote into its directory."""
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise GraphError(f"'{run_dir}' is not a run directory (no config.yaml)", where=where,
+                         fix="pass the directory printed by omnigraph run")
+    return path
+
+
 def cmd_plan(args) -> int:
     from . import whatif
     from .compiler import to_spec
     if not args.graph:
-        args.graph = os.path.join(args.timings, "config.yaml")
-        if not os.path.isfile(args.graph):
-            raise GraphError(f"'{args.timings}' is not a run directory (no config.yaml)", where="--timings",
-                             fix="pass the directory printed by omnigraph run, or the graph file before it")
+        args.graph = _run_config(args.timings, "--timings")
     spec = to_spec(args.graph, list(args.overrides))
     timings, rows, info = whatif.compare(spec, args.timings)
     print(json.dumps(whatif.as_json(timings, rows, info)) if args.json
@@ -181,10 +187,7 @@ def cmd_run(args) -> int:
         if args.graph or args.overrides:
             raise GraphError("--resume continues a run with its own config.yaml", where="--resume",
                              fix="drop the graph file and overrides (use --executor to change the executor)")
-        args.graph = os.path.join(args.resume, "config.yaml")
-        if not os.path.isfile(args.graph):
-            raise GraphError(f"'{args.resume}' is not a run directory (no config.yaml)", where="--resume",
-                             fix="pass the directory printed by omnigraph run")
+        args.graph = _run_config(args.resume, "--resume")
     elif not args.graph:
         raise GraphError("no graph given", fix="omnigraph run GRAPH.yaml, or omnigraph run --resume RUN_DIR")
     extra = []

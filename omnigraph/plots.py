@@ -21,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -34,24 +33,11 @@ import yaml  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from .runtime import read_jsonl  # noqa: E402
+
 WAITS = ("timing_s/gen", "timing_s/update_weights")  # not node compute: the lower timing panel
 MAX_STEPS = 12
 DPI = 110
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a ``.jsonl`` file, one per line; blank or broken lines are skipped."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
 
 
 def _num(row: dict[str, Any], key: str) -> float | None:
@@ -178,13 +164,13 @@ def _timeline(recs: list[dict[str, Any]], title: str, out: Path) -> bool:
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Write ``reward.png``, ``timing.png`` and ``timeline.png`` into ``run_dir``; return those written."""
     run_dir = Path(run_dir)
-    rows = sorted((r for r in _rows(run_dir / "metrics.jsonl") if isinstance(r.get("step"), int)),
+    rows = sorted((r for r in read_jsonl(run_dir / "metrics.jsonl") if isinstance(r.get("step"), int)),
                   key=lambda r: r["step"])
     title = _title(run_dir)
     written = []
     for name, ok in (("reward.png", lambda p: _reward(rows, title, p)),
                      ("timing.png", lambda p: bool(rows) and _timing(rows, title, p)),
-                     ("timeline.png", lambda p: _timeline(_rows(run_dir / "timeline.jsonl"), title, p))):
+                     ("timeline.png", lambda p: _timeline(read_jsonl(run_dir / "timeline.jsonl"), title, p))):
         if ok(run_dir / name):
             written.append(run_dir / name)
     return written

@@ -274,15 +274,36 @@ def _quietly(fn) -> None:
             print(f"warning: clean-up failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a run's ``.jsonl`` file, one per line; blank or broken lines (a torn last line of
+    an interrupted run) are skipped, a missing file has none."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def steady(rows: list, fill: int) -> list:
+    """The steady-state rows of a run: the first step (start-up) and the pipeline's fill and drain left out."""
+    return rows[fill + 1: len(rows) - fill] or rows[1:] or rows
+
+
 def _summary(plan, rows, wall, out) -> dict[str, Any]:
     from .ledger import read
     ledger = read(out)
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
-    steady = sorted(r["step_s"] for r in rows[plan.fill + 1: len(rows) - plan.fill] or rows[1:] or rows)
+    steps = sorted(r["step_s"] for r in steady(rows, plan.fill))
     stale = [r["staleness_max"] for r in rows if "staleness_max" in r]
     return {
         "run_dir": str(out), "steps": len(rows), "iterations": plan.iterations, "wall_s": round(wall, 3),
-        "s_per_step": round(steady[len(steady) // 2], 4) if steady else None,
+        "s_per_step": round(steps[len(steps) // 2], 4) if steps else None,
         "startup_s": round(rows[0]["wall_s"] - rows[0]["step_s"], 3) if rows else None,
         "groups_generated": ledger.generated, "groups_trained": ledger.trained_once,
         "groups_dropped": sum(ledger.dropped.values()),

@@ -70,6 +70,12 @@ def choose_path(spec, node: str) -> str:
     return "host"
 
 
+def weights_path(spec, node: str) -> str:
+    """The path ``node``'s weights take at run time: :func:`choose_path`, unless ``OMNIGRAPH_WEIGHTS_PATH``
+    forces one (benchmarks and tests use it to compare paths)."""
+    return os.environ.get("OMNIGRAPH_WEIGHTS_PATH") or choose_path(spec, node)
+
+
 def group_name(node: str) -> str:
     return f"weights-{node}"
 

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GraphError
+from .runtime import read_jsonl, steady
 
-WAITS = ("gen", "update_weights", "apply_weights")
-"""``timing_s/`` keys that are not a node's compute."""
+WAITS = ("gen", "update_weights")
+"""``timing_s/`` keys that are not a node's compute (``apply_weights`` is: the rollout's, see :func:`compare`)."""
 SCHEDULES = (("sync", None), ("one_step_off", None), ("async", 2), ("async", 4))
 
 
@@ -48,26 +49,14 @@ class Row:
     error: str | None = None
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue                # a torn last line of an interrupted run
-        if isinstance(obj, dict) and isinstance(obj.get("step"), int):
-            out.append(obj)
-    return out
-
-
 def steady_medians(rows: list[dict[str, Any]], fill: int) -> dict[str, float]:
     """Node -> median compute seconds over the steady state (the fill and the first step left out)."""
-    steady = rows[fill + 1: len(rows) - fill] or rows[1:] or rows
-    keys = dict.fromkeys(k for r in steady for k in r if k.startswith("timing_s/"))
+    window = steady(rows, fill)
+    keys = dict.fromkeys(k for r in window for k in r if k.startswith("timing_s/"))
     out = {}
     for k in keys:
         name = k.split("/", 1)[1]
-        values = [r[k] for r in steady if isinstance(r.get(k), (int, float))]
+        values = [r[k] for r in window if isinstance(r.get(k), (int, float))]
         if name not in WAITS and values:
             out[name] = statistics.median(values)
     return out
@@ -79,7 +68,7 @@ def read_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
     if not metrics.is_file():
         raise GraphError(f"'{run_dir}' has no metrics.jsonl", where="--timings",
                          fix="pass a run directory printed by omnigraph run")
-    rows = _rows(metrics)
+    rows = [r for r in read_jsonl(metrics) if isinstance(r.get("step"), int)]
     if len(rows) < 2:
         raise GraphError(f"'{run_dir}' has {len(rows)} step(s) of metrics: too few to time its nodes",
                          where="--timings", fix="let the run go a few steps further (schedule.iterations)")
@@ -107,24 +96,21 @@ def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dic
     """Node costs from ``run_dir`` and one predicted row per schedule: the graph's own first, then the
     others; the row of the run's own schedule (its ``config.yaml``) carries the measured step time."""
     from .compiler import compile, to_spec
-    own = compile(spec)
     rows, summary = read_run(run_dir)
     config = Path(run_dir) / "config.yaml"
-    ran = compile(to_spec(config)) if config.is_file() else own     # the run's fill and schedule
+    ran = compile(to_spec(config) if config.is_file() else spec)     # the run's fill and schedule
     timings = steady_medians(rows, ran.fill)
-    missing = [n for n in own.graph.nodes if n not in timings]
-    if len(missing) == len(own.graph.nodes):
+    apply_s = timings.pop("apply_weights", 0.0)
+    missing = [n for n in spec.nodes if n not in timings]
+    if len(missing) == len(spec.nodes):
         raise GraphError(f"no node of '{spec.name}' appears in {run_dir}/metrics.jsonl", where="--timings",
                          fix="pass the graph that run was made from (its config.yaml is in the run directory)")
-    loads = [{"step": r["step"], "timing_s/x": r["timing_s/apply_weights"]} for r in rows
-             if "timing_s/apply_weights" in r]
-    if loads:                           # the rollout loads new weights on its actor, then generates
-        apply_s = steady_medians(loads, ran.fill).get("x", 0.0)
-        for n in own.graph.of_kind("generate"):
-            timings[n.name] = timings.get(n.name, 0.0) + apply_s
+    for name, node in spec.nodes.items():   # the rollout loads new weights on its actor, then generates
+        if node.kind == "generate" and apply_s:
+            timings[name] = timings.get(name, 0.0) + apply_s
     measured = summary.get("s_per_step")
     if measured is None:
-        steps = [r["step_s"] for r in rows[ran.fill + 1: len(rows) - ran.fill] if "step_s" in r]
+        steps = [r["step_s"] for r in steady(rows, ran.fill) if "step_s" in r]
         measured = statistics.median(steps) if steps else None
     mine, theirs = _key(spec.schedule), _key(ran.graph.spec.schedule)
     custom = spec.schedule.mode == "custom"

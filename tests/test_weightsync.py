@@ -104,12 +104,11 @@ def test_the_description_is_small_tied_weights_go_once_and_it_says_nccl():
 
 
 def test_the_trainer_picks_nccl_and_falls_back_in_one_process(monkeypatch):
-    from nodes.trainer import weights_path
-    from omnigraph.node import ActorState, NodeContext
-    ctx = NodeContext("trainer.0", 0, 1, 0, spec(), ActorState())
-    assert weights_path(ctx, "sync") == "nccl"
+    from omnigraph.weightsync import weights_path
+    s = spec()
+    assert weights_path(s, "sync") == "nccl"
     monkeypatch.setenv("OMNIGRAPH_WEIGHTS_PATH", "host")
-    assert weights_path(ctx, "sync") == "host"
+    assert weights_path(s, "sync") == "host"
     assert weightsync.group("weights-sync") is None        # no group here: Sync sends the pack in-process
 
 

@@ -37,11 +37,9 @@ def channel_bytes(plan) -> int:
 def weights_cross(plan, node: str) -> bool:
     """Whether the weights ``node`` exports cross a channel as tensors (paths ``host``/``device``); a
     ``/dev/shm`` file name, a CUDA IPC handle or an NCCL bucket description is a few kB."""
-    from ..weightsync import choose_path
+    from ..weightsync import weights_path
     n = plan.graph.nodes[node]
-    if n.kind != "sync" or n.backend != "torch":
-        return False
-    return (os.environ.get("OMNIGRAPH_WEIGHTS_PATH") or choose_path(plan.graph.spec, node)) in ("host", "device")
+    return n.kind == "sync" and n.backend == "torch" and weights_path(plan.graph.spec, node) in ("host", "device")
 
 
 class RayExecutor(Executor):
@@ -70,22 +68,23 @@ class RayExecutor(Executor):
         self._check_resources()
         self.actors = self._start_actors()
         self.info = self._ready()
-        self._join_weight_groups()
+        self._join_groups()
 
-    def _join_weight_groups(self) -> None:
-        """Weights over NCCL (omnigraph.weightsync): each group's sender opens a store on a free port of its
-        host, then every member joins at once (the communicator is made before the first step)."""
+    def _join_groups(self) -> None:
+        """The process groups the plan needs, formed before the first step: weights over NCCL
+        (omnigraph.weightsync) and data-parallel trainer actors (omnigraph.dataparallel). Rank 0 opens a
+        store on a free port of its host, then every member joins at once."""
         import ray
         from .. import dataparallel
         from ..weightsync import weight_groups
-        wanted = {name: (members, "nccl") for name, members in weight_groups(self.plan).items()}
-        wanted |= dataparallel.groups(self.plan)         # trainer actors that train as one (gloo or nccl)
-        for name, (members, backend) in wanted.items():
+        wanted = {name: (members, "nccl", "weights") for name, members in weight_groups(self.plan).items()}
+        wanted |= {name: (members, backend, "data-parallel training")
+                   for name, (members, backend) in dataparallel.groups(self.plan).items()}
+        for name, (members, backend, what) in wanted.items():
             host, port = ray.get(self.actors[members[0]].open_store.remote(name), timeout=60)
             refs = [self.actors[a].join_group.remote(name, host, port, i, len(members),
                                                      max(3600.0, 4 * self.timeout), backend)
                     for i, a in enumerate(members)]
-            what = "data-parallel training" if name.startswith("dp-") else "weights"
             try:
                 errors = ray.get(refs, timeout=START_TIMEOUT_S)
             except ray.exceptions.GetTimeoutError:
