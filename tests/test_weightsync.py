@@ -146,6 +146,10 @@ else:
     ok2 = all(torch.equal(got[k], (src[k] * 2).to(torch.bfloat16) if src[k].is_floating_point() else src[k]) for k in src)
     g.store.set("done", "1")
     print(json.dumps({"direct": ok1, "fetched": ok2, "tied": got["emb"].data_ptr() == got["head"].data_ptr()}))
+# exit without destructors: a gloo group torn down at interpreter exit aborts now and then (measured 5 of 52
+# runs: "terminate called without an active exception", exit -6) after every result is in
+sys.stdout.flush()
+__import__("os")._exit(0)
 """
 
 
