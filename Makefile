@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,vllm]'
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@rm -rf omnigraph.egg-info   # a stale copy in the checkout would hide the installed entry points
 	@touch $(STAMP)
 
 run: venv

@@ -24,39 +24,27 @@ import tempfile
 import time
 from pathlib import Path
 
+from nodes.tasks import Digits
+
 ALPHABET = list("0123456789abcdefghijklmnopqrstuvwxyz :=+-*,.?!\n")
 SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
 TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 128}
 WARM = {"steps_right": 800, "steps_noisy": 20, "batch": 64, "lr": 3e-3, "lr_noisy": 3e-4, "p_right": 0.1}
 VERSION = 1
-ALIASES = ("tiny", "smollm2-135m")
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("OMNIGRAPH_CACHE", Path.home() / ".cache" / "omnigraph"))
 
 
-def resolve(path: str, seed: int = 0, log=print) -> Path:
-    """The local directory of ``model.path``, building the embedded model once if needed."""
-    if path == "tiny":
-        key = hashlib.sha256(json.dumps([VERSION, TINY, WARM, seed]).encode()).hexdigest()[:10]
-        target = cache_root() / "models" / f"tiny-seed{seed}-{key}"
-        if not (target / "config.json").exists():
-            build_tiny(target, seed, log)
-        return target
-    if path == "smollm2-135m":
-        from nodes import smollm2
-        target = cache_root() / "models" / smollm2.FOLDER
-        if not (target / "config.json").exists():
-            smollm2.materialise(target, log)
-        return target
-    p = Path(path).expanduser()
-    if not (p / "config.json").exists():
-        from omnigraph.errors import GraphError
-        raise GraphError(f"'{path}' is not a Hugging Face model directory (no config.json)", where="model.path",
-                         fix="use 'tiny', 'smollm2-135m' or a folder made by save_pretrained")
-    return p
+def tiny(seed: int = 0, log=print) -> Path:
+    """The embedded model's folder, built once per seed (registered as the model ``tiny``)."""
+    key = hashlib.sha256(json.dumps([VERSION, TINY, WARM, seed]).encode()).hexdigest()[:10]
+    target = cache_root() / "models" / f"tiny-seed{seed}-{key}"
+    if not (target / "config.json").exists():
+        build_tiny(target, seed, log)
+    return target
 
 
 def build_tokenizer():
@@ -90,8 +78,6 @@ def build_tiny(target: Path, seed: int, log=print) -> None:
     """Create, warm-start and save the tiny model atomically (a temporary folder, then rename)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from nodes.tasks import Digits
 
     t0 = time.perf_counter()
     log(f"building the embedded tiny model (seed {seed}, once; cached in {target.parent})")
@@ -156,6 +142,12 @@ def load(path: Path, dtype: str = "float32", device: str = "cpu"):
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
     return model, tok
+
+
+def with_lora(model, lora):
+    """``model`` wrapped with peft LoRA adapters as ``lora`` (an ``omnigraph.sdk.Lora``) says."""
+    from peft import LoraConfig, get_peft_model
+    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules)))
 
 
 def weight_bytes(path: Path) -> int:

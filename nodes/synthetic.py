@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import zlib
 
-from omnigraph.data import SampleBatch, Weights
+from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
 
 
 def spend(seconds: float | None, mode: str = "wait") -> None:
@@ -37,57 +37,72 @@ def _unit(*key) -> float:
 
 
 class SyntheticNode:
-    def __init__(self, name, spec, ctx):
-        self.name, self.spec, self.ctx = name, spec, ctx
+    def __init__(self, ctx: NodeContext):
+        self.ctx = ctx
+        self.options = ctx.options
 
     def spend(self) -> None:
-        spend(self.spec.cost, self.spec.cost_mode)
+        spend(self.options.cost, self.options.cost_mode)
+
+    def __call__(self, step: int, **inputs):      # kind: custom (tests use it as a do-nothing node)
+        self.spend()
+        return {}
 
 
 class Generate(SyntheticNode):
-    def __call__(self, step: int, weights: Weights) -> dict:
+    def load_weights(self, weights: Weights) -> None:
+        pass                                       # a version is all a synthetic policy has
+
+    def generate(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
         self.spend()
-        ctx, task = self.ctx, self.ctx.spec.task
-        prompts = ctx.task.batch(step)
-        per = len(prompts) // ctx.world
-        mine = range(ctx.rank * per, (ctx.rank + 1) * per)
+        k = self.ctx.run.samples_per_prompt
         p_right = min(0.95, 0.1 + 0.05 * weights.version)
-        texts, completions, targets, groups = [], [], [], []
-        for i in mine:
-            for s in range(task.samples_per_prompt):
-                target = prompts[i].meta["target"]
-                right = _unit(ctx.seed, step, i, s, weights.version) < p_right
-                texts.append(prompts[i].text)
+        texts, completions, targets, groups, lps = [], [], [], [], []
+        for p in prompts:
+            for s in range(k):
+                target = p.meta["target"]
+                right = _unit(self.ctx.seed, step, p.group, s, weights.version) < p_right
+                texts.append(p.text)
                 completions.append(" " + (target if right else target[::-1] + "0"))
                 targets.append(target)
-                groups.append(step * task.prompts + i)
+                groups.append(p.group)
+                lps.append(-_unit("lp", p.group, s))
         n = len(groups)
-        return {"rollout": SampleBatch(step, groups, [weights.version] * n, [weights.version] * n,
-                                       {"prompt": texts, "completion": completions, "target": targets,
-                                        "logprob": [-_unit("lp", g, k) for k, g in enumerate(groups)]})}
+        return SampleBatch(step, groups, [weights.version] * n, [weights.version] * n,
+                           {"prompt": texts, "completion": completions, "target": targets, "logprob": lps})
 
 
 class Logprob(SyntheticNode):
     """old_logprob / ref_logprob: a deterministic function of the sample and the trainer's version."""
 
-    def __call__(self, step: int, batch: SampleBatch) -> dict:
+    def logprobs(self, step: int, batch: SampleBatch) -> SampleBatch:
         self.spend()
-        v = self.ctx.state.policy_version if self.spec.kind == "old_logprob" else 0
-        key = "old_logprob" if self.spec.kind == "old_logprob" else "ref_logprob"
+        old = self.ctx.kind == "old_logprob"
+        v = self.ctx.shared.get("synthetic_version", 0) if old else 0
+        key = "old_logprob" if old else "ref_logprob"
         values = [-_unit(key, g, k, v) for k, g in enumerate(batch.group_ids)]
-        return {"batch": batch.with_fields(**{key: values})}
+        return batch.with_fields(**{key: values})
 
 
 class Update(SyntheticNode):
-    def __call__(self, step: int, batch: SampleBatch) -> dict:
+    def train(self, step: int, batch: SampleBatch) -> None:
         self.spend()
         adv = batch.fields.get("advantage", [0.0] * len(batch))
         self.ctx.log(loss=-sum(adv) / max(len(adv), 1))
-        return {"weights": Weights(version=self.ctx.state.policy_version + 1)}
+        self.ctx.shared["synthetic_version"] = self.ctx.shared.get("synthetic_version", 0) + 1
+
+    def state_dict(self) -> dict:
+        return {"version": self.ctx.shared.get("synthetic_version", 0)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ctx.shared["synthetic_version"] = state["version"]
 
 
 class Sync(SyntheticNode):
-    def __call__(self, step: int, weights: Weights) -> dict:
+    @property
+    def payload(self) -> str:
+        return self.options.payload
+
+    def state(self):
         self.spend()
-        self.ctx.log(sync_bytes=weights.nbytes)
-        return {"weights": Weights(version=weights.version, payload=self.spec.payload)}
+        return None                                # version-only: nothing for a transport to carry

@@ -1,4 +1,5 @@
-"""Prompt sets. A task yields batches of prompts, deterministically from its seed.
+"""Prompt sets (registered under ``omnigraph.tasks``). A task yields batches of prompts, deterministically
+from its seed: the same step always gets the same prompts (a resumed run and a regenerated batch ask again).
 
 ``arithmetic`` (for a small instruct model): ``"What is 13 + 14? Reply with
 just the number."``, target ``"27"``, in the model's chat template.
@@ -21,14 +22,8 @@ from __future__ import annotations
 
 import random
 import zlib
-from dataclasses import dataclass, field
-from typing import Any
 
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str
-    meta: dict[str, Any] = field(default_factory=dict)
+from omnigraph.sdk import Prompt
 
 
 class Task:
@@ -39,6 +34,7 @@ class Task:
     seed: int
     eval_prompts: int
     eval_every: int
+    chat = False
 
     def _held_out(self, key: str) -> bool:
         return zlib.crc32(key.encode()) % self.eval_every == 0
@@ -78,12 +74,13 @@ class Digits(Task):
 class Arithmetic(Task):
     """Add two numbers of ``1..max_operand``; the reply should be the sum and nothing else.
 
-    A chat task (``chat = True``): the rollout wraps each prompt in the model's chat template,
-    after the system message ``SYSTEM``. Pairs whose hash falls in the held-out slice are the
-    eval split. Scored by :func:`nodes.rewards.arithmetic_reward`.
+    A chat task: the rollout wraps each prompt in the model's chat template, after the system
+    message ``SYSTEM``. Pairs whose hash falls in the held-out slice are the eval split. Scored by
+    :func:`nodes.rewards.arithmetic_reward`.
 
-    >>> Arithmetic(prompts=1, seed=0).batch(0)[0]
-    Prompt(text='What is 5 + 18? Reply with just the number.', meta={'target': '23'})
+    >>> p = Arithmetic(prompts=1, seed=0).batch(0)[0]
+    >>> p.text, p.meta, p.chat
+    ('What is 5 + 18? Reply with just the number.', {'target': '23'}, True)
     """
 
     chat = True
@@ -98,15 +95,5 @@ class Arithmetic(Task):
         while True:
             a, b = rng.randint(1, self.max_operand), rng.randint(1, self.max_operand)
             if self._held_out(f"{a}+{b}") == held_out:
-                return Prompt(f"What is {a} + {b}? Reply with just the number.", {"target": str(a + b)})
-
-
-TASKS = {"digits": Digits, "arithmetic": Arithmetic}
-
-
-def make_task(spec) -> Any:
-    """The task a ``TaskSpec`` names: built in, or ``module:factory(prompts=, seed=, eval_prompts=)``."""
-    if spec.name in TASKS:
-        return TASKS[spec.name](prompts=spec.prompts, seed=spec.seed, eval_prompts=spec.eval_prompts)
-    from omnigraph.validate import load_object
-    return load_object(spec.name)(prompts=spec.prompts, seed=spec.seed, eval_prompts=spec.eval_prompts)
+                return Prompt(f"What is {a} + {b}? Reply with just the number.", {"target": str(a + b)},
+                              chat=True, system=self.SYSTEM)

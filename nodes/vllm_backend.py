@@ -48,9 +48,10 @@ from pathlib import Path
 
 import torch
 
-from omnigraph.data import Weights
+from omnigraph.sdk import NodeContext, Weights
+
 from nodes import models
-from nodes.hf import Rollout
+from nodes.rollout import Rollout
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``max_lora_rank``."""
@@ -98,15 +99,26 @@ def engine_env() -> dict[str, str]:
     return out
 
 
+ENGINE_HOOKS: list = []
+"""Called inside the engine at every sampling step (the ``engine`` fault point of an in-process engine)."""
+
+
+def _count_ranks(x, values):
+    for hook in ENGINE_HOOKS:
+        hook("engine")
+    return (x >= values).sum(-1)
+
+
 def _patch_sampler() -> None:
     """Count token ranks eagerly: vLLM compiles this 1-line function with inductor, which on CPU
     costs 30 s on first use (a C++ build), 3-4 s per process after (cached), and the eager count is
-    faster on small batches anyway. omnigraph never reads the ranks."""
+    faster on small batches anyway. omnigraph never reads the ranks. It runs inside the engine's
+    sampler at every step (with logprobs on): the ``engine`` fault point."""
     try:
         import vllm.v1.sample.sampler as sampler
     except ImportError:
         return
-    sampler.batched_count_greater_than = lambda x, values: (x >= values).sum(-1)
+    sampler.batched_count_greater_than = _count_ranks
 
 
 def lora_rank(r: int) -> int:
@@ -193,21 +205,20 @@ class VllmGenerate(Rollout):
     engine_args: dict = {}
     """Extra ``vllm.LLM`` arguments (tests set ``block_size``, for example)."""
 
-    def __init__(self, name, spec, ctx):
-        self.name, self.spec, self.ctx = name, spec, ctx
-        g = ctx.spec
-        self.path = models.resolve(g.model.path, g.model.seed)
+    def __init__(self, ctx: NodeContext):
+        super().__init__(ctx)
+        spec, name = self.options, ctx.name
+        self.name = name
+        self.path = ctx.model.dir
         from transformers import AutoTokenizer
         self.tok = AutoTokenizer.from_pretrained(self.path)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
-        self.version = 0
-        self.lora = next((n.lora for n in g.nodes.values() if n.kind == "update" and n.lora), None)
+        self.lora = ctx.policy.lora
         self.lora_request = None
         self.merged = self.lora is not None and spec.lora_serving == "merged"
-        self.dtype = spec.dtype or g.model.dtype
-        stops = [self.tok.convert_tokens_to_ids(self.tok.tokenize(s))[0] for s in spec.stop if self.tok.tokenize(s)]
-        self.stop_ids = [self.tok.eos_token_id] + stops
+        self.dtype = spec.dtype or ctx.model.dtype
+        self.stops = self.stop_ids()
 
         os.environ.update(engine_env())
         self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -227,11 +238,13 @@ class VllmGenerate(Rollout):
         print(f"{name}: vLLM engine ready in {time.perf_counter() - t0:.1f} s", flush=True)
         self._shm = None
         self._base = None           # merged serving: the base weights of the LoRA-targeted layers
+        ENGINE_HOOKS[:] = [ctx.fault]
 
     # -- weights -------------------------------------------------------------
-    def apply(self, weights: Weights) -> None:
-        if weights.version == self.version or weights.tensors is None:
-            return
+    def load_weights(self, weights: Weights) -> None:
+        if weights.tensors is None:
+            raise ValueError(f"weights of version {weights.version} arrived without tensors: the vllm backend "
+                             "needs a trainer that exports weights (sync backend torch)")
         t0 = time.perf_counter()
         if weights.payload == "lora" and self.merged:
             self._load_full(self._merge(weights.tensors))
@@ -299,16 +312,15 @@ class VllmGenerate(Rollout):
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     # -- sampling ------------------------------------------------------------
-    def sample(self, texts: list[str], n: int, *, greedy: bool, seed: int) -> dict:
+    def sample(self, prompts: list[list[int]], n: int, *, greedy: bool, seed: int) -> dict:
         """Seeded sampling needs whole-prompt prefills: with chunked prefill, vLLM rewinds a
         request's generator after a partial prefill, which CPU generators cannot do ("CPU Generator
         does not use offset", seen at 128 prompts of ~50 tokens); the engine is started with
         ``enable_chunked_prefill=False``."""
         from vllm import SamplingParams
-        s, tok = self.spec, self.tok
+        s, tok = self.options, self.tok
         C = s.max_new_tokens
-        prompts = [self.encode(t) for t in texts]
-        params = [SamplingParams(n=n, max_tokens=C, stop_token_ids=self.stop_ids,
+        params = [SamplingParams(n=n, max_tokens=C, stop_token_ids=self.stops,
                                  temperature=0.0 if greedy else s.temperature,
                                  top_p=1.0 if greedy else s.top_p,
                                  seed=None if greedy else (seed + i * n) % 2**63,

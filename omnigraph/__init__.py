@@ -1,23 +1,21 @@
 """omnigraph: RL post-training of language models as a static, compiled dataflow graph.
 
 >>> import omnigraph as og
->>> plan = og.compile("graphs/synthetic_one_step_off.yaml")   # doctest: +SKIP
->>> plan.bound                                                # doctest: +SKIP
+>>> plan = og.compile("graphs/synthetic_one_step_off.yaml")
+>>> plan.bound
 1
+
+Node code imports :mod:`omnigraph.sdk` (here as ``og.sdk``) and nothing else.
 """
 
+from . import sdk
 from .builder import Graph, NodeRef
-from .compiler import compile
 from .errors import GraphError, NodeFailure, StalenessError
+from .planning import Plan, compile
+from .runtime import RunResult, run
 from .spec import GraphSpec
 from .yamlio import dump, load_file as load, load_text
 
-__all__ = ["Graph", "NodeRef", "compile", "GraphError", "NodeFailure", "StalenessError", "GraphSpec",
-           "dump", "load", "load_text", "run"]
+__all__ = ["Graph", "NodeRef", "compile", "run", "Plan", "RunResult", "GraphError", "NodeFailure",
+           "StalenessError", "GraphSpec", "dump", "load", "load_text", "sdk"]
 __version__ = "0.1.0"
-
-
-def run(plan, **kw):
-    """Run a compiled plan (see :func:`omnigraph.runtime.run`)."""
-    from .runtime import run as _run
-    return _run(plan, **kw)

@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import GraphError
 from .spec import EdgeSpec, GraphSpec
+from .yamlio import dump, load_text, validate_raw
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,6 @@ class Graph:
 
     def node(self, name: str, **fields: Any) -> NodeRef:
         if name in self._raw["nodes"]:
-            from .errors import GraphError
             raise GraphError(f"node '{name}' is defined twice", where=f"nodes.{name}", fix="give each node its own name")
         self._raw["nodes"][name] = fields
         return NodeRef(name)
@@ -88,11 +89,9 @@ class Graph:
 
     # -- conversions ----------------------------------------------------
     def to_spec(self) -> GraphSpec:
-        from .yamlio import validate_raw
         return validate_raw(self._raw, source=f"graph '{self._raw['name']}'")
 
     def to_yaml(self) -> str:
-        from .yamlio import dump
         return dump(self.to_spec())
 
     @classmethod
@@ -112,7 +111,6 @@ class Graph:
 
     @classmethod
     def from_yaml(cls, text: str) -> "Graph":
-        from .yamlio import load_text
         return cls.from_spec(load_text(text))
 
     def __repr__(self) -> str:

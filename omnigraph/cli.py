@@ -20,7 +20,12 @@ import subprocess
 import sys
 from typing import Any
 
+from . import viz
 from .errors import GraphError, NodeFailure, StalenessError
+from .planning import compile, to_spec, whatif
+from .runtime import run
+from .runtime.ledger import format_summary, read
+from .runtime.rundir import config_of
 
 USER_ERRORS = (GraphError, NodeFailure, StalenessError)
 
@@ -88,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compile(args, extra: list[str] = (), cluster: dict[str, float] | None = None):
-    from .compiler import compile
     return compile(args.graph, overrides=list(args.overrides) + list(extra), cluster=cluster)
 
 
@@ -125,33 +129,21 @@ def cmd_check(args) -> int:
     else:
         report.update(valid=True, staleness_bound=plan.bound, warnings=plan.warnings + _gpu_note(plan), name=plan.name,
                       mode=plan.graph.spec.schedule.mode, steps=plan.steps, fill=plan.fill,
-                      predicted_step_s=round(plan.prediction.step_s, 6),
+                      predicted_step_s=round(plan.prediction.step_s, 6), weights=plan.weights,
                       actors={a: [t.label for t in ts] for a, ts in plan.order.items()})
     print(json.dumps(report))
     return 0 if report["valid"] else 1
 
 
 def cmd_ledger(args) -> int:
-    from .ledger import format_summary, read
     s = read(args.run_dir)
     print(json.dumps(s.as_dict()) if args.json else format_summary(s))
     return 0 if s.ok else 1
 
 
-def _run_config(run_dir: str, where: str) -> str:
-    """The config.yaml a run wrote into its directory."""
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):
-        raise GraphError(f"'{run_dir}' is not a run directory (no config.yaml)", where=where,
-                         fix="pass the directory printed by omnigraph run")
-    return path
-
-
 def cmd_plan(args) -> int:
-    from . import whatif
-    from .compiler import to_spec
     if not args.graph:
-        args.graph = _run_config(args.timings, "--timings")
+        args.graph = str(config_of(args.timings, "--timings"))
     spec = to_spec(args.graph, list(args.overrides))
     timings, rows, info = whatif.compare(spec, args.timings)
     print(json.dumps(whatif.as_json(timings, rows, info)) if args.json
@@ -160,7 +152,6 @@ def cmd_plan(args) -> int:
 
 
 def cmd_viz(args) -> int:
-    from . import viz
     plan = _compile(args)
     if args.timeline or args.format == "png":
         if not args.output:
@@ -182,12 +173,11 @@ def cmd_viz(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .runtime import run
     if args.resume:
         if args.graph or args.overrides:
             raise GraphError("--resume continues a run with its own config.yaml", where="--resume",
                              fix="drop the graph file and overrides (use --executor to change the executor)")
-        args.graph = _run_config(args.resume, "--resume")
+        args.graph = str(config_of(args.resume, "--resume"))
     elif not args.graph:
         raise GraphError("no graph given", fix="omnigraph run GRAPH.yaml, or omnigraph run --resume RUN_DIR")
     extra = []
@@ -201,8 +191,12 @@ def cmd_run(args) -> int:
     plan = _compile(args, extra, cluster=cluster)
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
+    if plan.weights:
+        print("weights: " + "; ".join(f"{n} -> generators by {p}" for n, p in plan.weights.items()) + " (plan.txt)")
     result = run(plan, progress=not args.quiet, resume=args.resume)
+    from .plots import plot_run         # matplotlib loads after the run, not before it
     s = result.summary
+    s["plots"] = [str(p) for p in plot_run(result.run_dir)]
     reward = ""
     if s.get("reward_first") is not None:
         reward = f", reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}"

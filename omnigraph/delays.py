@@ -2,18 +2,21 @@
 
 Asynchrony is not a trainer class, it is delays on edges:
 
-- the **weight edge** into each ``generate`` (``sync -> generate``) gets delay 1
+- the **weight edge** into each generator (``sync -> generate``) gets delay 1
   (the weight cycle needs one; generate uses the weights of the previous step);
 - the **data edges** where rollout work ends and trainer work begins get the
   mode's data delay: 0 for ``sync``, 1 for ``one_step_off``, k for ``async``
   with ``ahead: k``;
 - every other edge gets 0.
 
-"Where trainer work begins": on the paths from ``generate`` to ``update``, the
-first node that is a trainer kind (``old_logprob``, ``ref_logprob``, ``update``)
-or lives on the update's pool; everything downstream of it on those paths is
-trainer work too. So in ``generate -> reward -> old_logprob -> update`` the
-delay sits on ``reward -> old_logprob``.
+"Where trainer work begins" follows from node roles alone, never from pools:
+on the paths from a generator to the trainer, the first node whose role is
+trainer work (``logprob``: ``old_logprob``/``ref_logprob``, or ``trainer``:
+``update``); everything downstream of it on those paths is trainer work too.
+So in ``generate -> reward -> old_logprob -> update`` the delay sits on
+``reward -> old_logprob``, whether the nodes share one pool (colocated) or not,
+and with ``reward`` feeding both ``old_logprob`` and ``ref_logprob`` (a join at
+``update``) on both branches.
 
 If no edge declares a delay, the mode's are used. If some do, each declared
 delay must equal the mode's (the error names the edge that disagrees);
@@ -28,8 +31,7 @@ import networkx as nx
 
 from .errors import GraphError, GraphErrors
 from .ir import Edge, Node
-
-TRAINER_KINDS = ("old_logprob", "ref_logprob", "update")
+from .sdk import TRAINER_ROLES
 
 
 def mode_delays(schedule, nodes: dict[str, Node], edges: list[Edge]) -> dict[int, int]:
@@ -39,7 +41,7 @@ def mode_delays(schedule, nodes: dict[str, Node], edges: list[Edge]) -> dict[int
         return {}
     out = {e.index: 0 for e in edges}
     for e in edges:
-        if e.state and nodes[e.dst].kind == "generate":
+        if e.state and nodes[e.dst].role == "generator":
             out[e.index] = 1
     for e in boundary_edges(nodes, edges):
         out[e.index] = k
@@ -48,23 +50,22 @@ def mode_delays(schedule, nodes: dict[str, Node], edges: list[Edge]) -> dict[int
 
 def boundary_edges(nodes: dict[str, Node], edges: list[Edge]) -> list[Edge]:
     """The stream edges where rollout work hands over to trainer work."""
-    update = next((n for n in nodes.values() if n.kind == "update"), None)
-    if update is None:
+    trainer = next((n for n in nodes.values() if n.role == "trainer"), None)
+    if trainer is None:
         return []
     stream = nx.DiGraph()
     stream.add_nodes_from(nodes)
     stream.add_edges_from((e.src, e.dst) for e in edges if not e.state)
-    upstream_of_update = nx.ancestors(stream, update.name) | {update.name}
+    upstream = nx.ancestors(stream, trainer.name) | {trainer.name}
     found: dict[int, Edge] = {}
-    for gen in (n for n in nodes.values() if n.kind == "generate"):
-        on_path = (nx.descendants(stream, gen.name) | {gen.name}) & upstream_of_update
-        starts = {n for n in on_path if n != gen.name
-                  and (nodes[n].kind in TRAINER_KINDS or nodes[n].pool == update.pool)}
-        trainer = set(starts)
+    for gen in (n for n in nodes.values() if n.role == "generator"):
+        on_path = (nx.descendants(stream, gen.name) | {gen.name}) & upstream
+        starts = {n for n in on_path if n != gen.name and nodes[n].role in TRAINER_ROLES}
+        work = set(starts)
         for s in starts:
-            trainer |= nx.descendants(stream, s) & on_path
+            work |= nx.descendants(stream, s) & on_path
         for e in edges:
-            if not e.state and e.src in on_path - trainer and e.dst in trainer:
+            if not e.state and e.src in on_path - work and e.dst in work:
                 found[e.index] = e
     return list(found.values())
 

@@ -33,7 +33,7 @@ import yaml  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .runtime import read_jsonl  # noqa: E402
+from .records import read_jsonl  # noqa: E402
 
 WAITS = ("timing_s/gen", "timing_s/update_weights")  # not node compute: the lower timing panel
 MAX_STEPS = 12

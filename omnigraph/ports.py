@@ -15,6 +15,12 @@ what lets ``sync`` fire less often than ``update`` (``sync_every: k``).
 {'rollout': 'Rollout'}
 >>> signature("update").outputs
 {'weights': 'Weights'}
+>>> ROLE["old_logprob"]
+'logprob'
+
+A stream input may take several edges: a *join*. The node waits for the same
+batch on each and merges their fields (``SampleBatch.join``); a state input
+takes exactly one edge.
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ BUILTIN: dict[str, Signature] = {
     "update": Signature(inputs={"batch": BATCH}, outputs={"weights": WEIGHTS}),
     "sync": Signature(inputs={"weights": WEIGHTS}, outputs={"weights": WEIGHTS}),
 }
+
+
+ROLE = {"generate": "generator", "reward": "scorer", "old_logprob": "logprob", "ref_logprob": "logprob",
+        "update": "trainer", "sync": "exporter", "custom": "transform"}
+"""What each node kind does for the compiler (:mod:`omnigraph.sdk.roles`)."""
 
 
 def signature(kind: str, inputs: dict[str, str] | None = None,

@@ -27,20 +27,28 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import networkx as nx
+
 from .ir import Graph
 
 
-def fill_depth(graph: Graph) -> dict[str, int]:
-    """Per node: the largest sum of stream delays on a path from a source."""
-    import networkx as nx
+def arrival(nodes, edges) -> dict[str, int]:
+    """Per node: how many steps after its source the batch it consumes was generated (the sum of stream
+    delays on the way, every stream edge, delayed ones too). The stream inputs of a node must agree
+    (validation checks it), or it would join batches of different steps."""
     stream = nx.DiGraph()
-    stream.add_nodes_from(graph.nodes)
-    stream.add_edges_from((e.src, e.dst) for e in graph.edges if not e.state)
+    stream.add_nodes_from(nodes)
+    stream.add_edges_from((e.src, e.dst) for e in edges if not e.state)
     depth: dict[str, int] = {}
-    for name in nx.topological_sort(stream):     # every stream edge, delayed ones too
-        ins = graph.stream_inputs(name)
-        depth[name] = 0 if graph.is_source(name) or not ins else max(depth.get(e.src, 0) + e.delay for e in ins)
+    for name in nx.topological_sort(stream):
+        ins = [e for e in edges if e.dst == name and not e.state]
+        depth[name] = max((depth[e.src] + e.delay for e in ins), default=0)
     return depth
+
+
+def fill_depth(graph: Graph) -> dict[str, int]:
+    """Per node: the steps of pipeline fill before it first fires."""
+    return arrival(graph.nodes, graph.edges)
 
 
 class Firing:

@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 NAME = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
 Name = Annotated[str, Field(pattern=NAME, max_length=64)]
 Seconds = Annotated[float, Field(ge=0, le=86_400)]
+Backend = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$", max_length=64)]
+"""A backend name, checked against the plugin registry when the graph is compiled."""
 
 
 class Strict(BaseModel):
@@ -49,7 +51,7 @@ class ModelSpec(Strict):
 
 class TaskSpec(Strict):
     name: str = "digits"
-    """A task from ``nodes.tasks`` (``digits``) or a dotted path ``pkg.mod:make_task``."""
+    """A registered task (``omnigraph.tasks``: ``digits``, ``arithmetic``) or a dotted path ``pkg.mod:make_task``."""
     prompts: int = Field(16, ge=1, le=1_000_000)
     """Prompts per training step (the prompt groups of one batch)."""
     samples_per_prompt: int = Field(8, ge=1, le=4096)
@@ -58,6 +60,8 @@ class TaskSpec(Strict):
     """Held-out prompts for evaluation."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seed of the prompt stream."""
+    options: dict[str, Any] = {}
+    """Extra keyword arguments for the task's factory (a plugin task documents them)."""
 
 
 class PoolSpec(Strict):
@@ -79,12 +83,15 @@ class NodeBase(Strict):
     """Seconds one firing takes: the work of a synthetic node, and the planner's estimate."""
     cost_mode: Literal["wait", "burn"] = "wait"
     """How a synthetic node spends ``cost``: ``wait`` (accelerator time, host idle) or ``burn`` (CPU)."""
+    options: dict[str, Any] = {}
+    """Options of the node's backend beyond the kind's own fields (a plugin backend documents them)."""
 
 
 class GenerateNode(NodeBase):
     kind: Literal["generate"]
-    backend: Literal["hf", "vllm", "synthetic"] = "hf"
-    """Rollout engine: transformers ``generate``, vLLM, or a synthetic stand-in with ``cost``."""
+    backend: Backend = "hf"
+    """Rollout engine: ``hf`` (transformers ``generate``), ``vllm``, ``synthetic`` (a stand-in with ``cost``),
+    or a backend a plugin registers (``omnigraph.backends``, name ``generate.<backend>``)."""
     max_new_tokens: int = Field(16, ge=1, le=131_072)
     temperature: float = Field(1.0, ge=0, le=100)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -103,15 +110,16 @@ class GenerateNode(NodeBase):
 
 class RewardNode(NodeBase):
     kind: Literal["reward"]
-    backend: Literal["python", "synthetic"] = "python"
-    fn: str = "nodes.rewards:digits_match"
-    """Dotted path ``module:function`` of ``(prompt, completion, **meta) -> float``."""
+    backend: Backend = "python"
+    fn: str = "digits_match"
+    """A registered reward (``omnigraph.rewards``: ``digits_match``, ``arithmetic``) or the dotted path
+    ``module:function`` of ``(prompt, completion, **meta) -> float``."""
     normalize_std: bool = True
     """GRPO advantages divided by the group's reward std (on) or only centred (off)."""
 
 
 class LogprobNode(NodeBase):
-    backend: Literal["torch", "synthetic"] = "torch"
+    backend: Backend = "torch"
     micro_batch_size: int = Field(16, ge=1, le=65_536)
 
 
@@ -132,7 +140,7 @@ class LoraSpec(Strict):
 
 class UpdateNode(NodeBase):
     kind: Literal["update"]
-    backend: Literal["torch", "synthetic"] = "torch"
+    backend: Backend = "torch"
     lr: float = Field(1e-3, gt=0, le=10)
     clip: float = Field(0.2, gt=0, le=10)
     """PPO clip range epsilon."""
@@ -149,14 +157,14 @@ class UpdateNode(NodeBase):
 
 class SyncNode(NodeBase):
     kind: Literal["sync"]
-    backend: Literal["torch", "synthetic"] = "torch"
+    backend: Backend = "torch"
     payload: Literal["full", "lora"] = "full"
     """``full`` weights, or ``lora`` adapter tensors only."""
     every: int | None = Field(None, ge=1, le=1_000_000)
     """Fire on every k-th update; default ``schedule.sync_every``."""
     bucket_mb: float = Field(256, ge=0.001, le=65_536)
     """Weights over NCCL go in buckets of this size: the sender's and each receiver's extra GPU memory is
-    two buckets, whatever the model's size (``omnigraph.weightsync``)."""
+    two buckets, whatever the model's size (``omnigraph.transports.nccl``)."""
 
 
 class CustomNode(NodeBase):
@@ -167,7 +175,6 @@ class CustomNode(NodeBase):
     outputs: dict[Name, str] = {}
     every: int = Field(1, ge=1, le=1_000_000)
     """Fire on every k-th ready iteration (only for nodes whose inputs are all state ports)."""
-    options: dict[str, Any] = {}
 
 
 NodeSpec = Annotated[
@@ -191,7 +198,10 @@ class EdgeSpec(Strict):
     dst_port: str | None = None
     delay: int | None = Field(None, ge=0, le=1024)
     """Iterations between producing and consuming; ``None`` lets ``schedule.mode`` decide."""
-    transport: Literal["auto", "shm", "nccl"] = "auto"
+    transport: Annotated[str, Field(pattern=r"^[a-z][a-z0-9\-]*$", max_length=32)] = "auto"
+    """``auto``; on a data edge ``shm`` or ``nccl`` (the channel's kind); on a weights edge a weights
+    transport (``shm``, ``host``, ``device``, ``cuda-ipc``, ``nccl``, or a plugin's): ``auto`` lets the
+    compiler pick the fastest one the placement allows (``plan.txt`` prints it)."""
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
@@ -281,8 +291,9 @@ class RuntimeSpec(Strict):
     """A step that takes longer stops the run, naming the node still running."""
     channel_mb: float | None = Field(None, gt=0, le=65_536)
     """Size of each compiled-graph channel buffer (default: estimated from the batch)."""
-    loggers: list[Literal["tensorboard"]] = []
-    """Besides ``metrics.jsonl``: ``tensorboard`` writes every step's metrics to ``<run dir>/tensorboard``."""
+    loggers: list[Annotated[str, Field(max_length=64)]] = []
+    """Besides ``metrics.jsonl``: registered loggers (``omnigraph.loggers``); ``tensorboard`` writes every step's
+    metrics to ``<run dir>/tensorboard``."""
     pin_cpus: bool = True
     """On a local cluster, give each actor its own cores (``pools.*.cpus`` whole cores, laid out in
     order) when they all fit the machine: pools then stop fighting over cores (vLLM binds its

@@ -79,34 +79,41 @@ def analyse(graph: Graph, iterations: int | None = None) -> Report:
             if name not in fired:
                 continue
             node = graph.nodes[name]
-            ins = {}
+            weights, stream = None, []
             for e in graph.inputs_of(name):
                 if e.index in lines:
                     if e.delay == 0 and e.src in fired:
                         lines[e.index].push(t, out[e.src])
-                    ins[e.dst_port] = lines[e.index].read(t)
+                    value = lines[e.index].read(t)
                 else:
-                    ins[e.dst_port] = out[e.src]
-            stream = [v for e in graph.stream_inputs(name) for v in [ins[e.dst_port]]]
-            if node.kind == "generate":
-                v = ins["weights"]
-                report.generated.append((t, name, v))
-                out[name] = (t, v, v)
-            elif node.kind == "update":
-                batch, lo, hi = stream[0]
+                    value = out[e.src]
+                if e.state:
+                    weights = value if weights is None else max(weights, value)
+                else:
+                    stream.append(value)            # several edges into one port: a join
+            if node.role == "generator":
+                report.generated.append((t, name, weights))
+                out[name] = (t, weights, weights)
+            elif node.role == "trainer":
+                batch, lo, hi = _joined(stream)
                 report.trained.append(Trained(t, batch, trainer_version, lo, hi))
                 trainer_version += 1
                 out[name] = trainer_version
             elif stream:
-                out[name] = (stream[0][0], min(s[1] for s in stream), max(s[2] for s in stream))
+                out[name] = _joined(stream)
             else:   # state-only (sync, custom rate nodes): forward the newest version
-                out[name] = max((v for v in ins.values() if isinstance(v, int)), default=0)
+                out[name] = weights if weights is not None else 0
         for e in graph.edges:
             if e.delay > 0 and e.src in fired:
                 lines[e.index].push(t, out[e.src])
     report.bound = max((x.staleness for x in report.trained), default=0)
     report.explanation = explain(graph)
     return report
+
+
+def _joined(parts: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """Branches of one batch: its step, the oldest and the newest version among them."""
+    return parts[0][0], min(p[1] for p in parts), max(p[2] for p in parts)
 
 
 def explain(graph: Graph) -> str:

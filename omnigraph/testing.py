@@ -1,20 +1,27 @@
-"""Small graphs for doctests, tests and benchmarks.
+"""Small graphs, and nodes built outside a run, for doctests, tests and benchmarks.
 
 >>> canonical_graph("sync").name
 'canonical-sync'
+>>> gen, ctx = build_node(canonical_spec("one_step_off"), "generate")
+>>> type(gen).__name__, ctx.actor, ctx.world
+('Generate', 'rollout.0', 1)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from . import transports
+from .executors import build
+from .planning import compile
 from .spec import GraphSpec
+from .validate import resolve
 
 
 def canonical_spec(mode: str = "one_step_off", *, sync_every: int = 1, ahead: int | None = None,
                    iterations: int = 8, max_staleness: int = 1_000, cost: float | None = None,
                    colocate: bool = False, cost_mode: str = "wait", costs: dict[str, float] | None = None,
-                   **schedule: Any) -> GraphSpec:
+                   executor: str = "local", **schedule: Any) -> GraphSpec:
     """generate -> reward -> old_logprob -> update -> sync -> generate, synthetic nodes."""
     rollout, trainer = ("trainer", "trainer") if colocate else ("rollout", "trainer")
     node = {"backend": "synthetic", "cost_mode": cost_mode, **({"cost": cost} if cost is not None else {})}
@@ -36,7 +43,7 @@ def canonical_spec(mode: str = "one_step_off", *, sync_every: int = 1, ahead: in
         "edges": ["generate -> reward", "reward -> old_logprob", "old_logprob -> update",
                   "update -> sync", "sync -> generate"],
         "schedule": sched,
-        "runtime": {"executor": "local"},
+        "runtime": {"executor": executor},
     })
     for name, c in costs.items():
         spec.nodes[name].cost = c
@@ -44,5 +51,25 @@ def canonical_spec(mode: str = "one_step_off", *, sync_every: int = 1, ahead: in
 
 
 def canonical_graph(mode: str = "one_step_off", **kw: Any):
-    from .validate import resolve
     return resolve(canonical_spec(mode, **kw))
+
+
+def prompts(spec: GraphSpec, step: int, world: int = 1, rank: int = 0):
+    """The prompts (with their group ids) the engine gives a generator of ``spec`` at ``step``."""
+    return build.step_prompts(build.task_of(spec), step, spec.task.prompts, world, rank)
+
+
+def export(spec: GraphSpec, exporter, version: int, node: str = "sync"):
+    """What the exporter node ``exporter`` sends at ``version``, carried by the transport the plan chooses."""
+    plan = compile(spec)
+    return transports.make(plan.weights[node], node, spec.nodes[node]).export(exporter.state(), version)
+
+
+def build_node(spec: GraphSpec, node: str, actor: str | None = None, shared: dict | None = None):
+    """``(impl, ctx)``: the node ``node`` of ``spec`` built as its actor would build it (rank 0 of its pool,
+    or ``actor``), for testing a node on its own. Nodes built with the same ``shared`` dict share what an
+    actor's nodes share (the trainer's model)."""
+    plan = compile(spec)
+    actor = actor or f"{spec.nodes[node].pool}.0"
+    ctx = build.context(plan, node, actor, {} if shared is None else shared)
+    return build.node_class(plan.graph.nodes[node])(ctx), ctx

@@ -1,32 +1,35 @@
 """Validation: turn a :class:`GraphSpec` into a resolved :class:`~omnigraph.ir.Graph`, or say why not.
 
 One pass, one check per function, every problem a :class:`GraphError` naming
-the node, edge or field and the fix. The invariants (DESIGN.md):
+the node, edge or field and the fix. The invariants (docs/architecture.md):
 
 1. zero-delay edges form a DAG;
-2. the weight cycle ``update -> sync -> generate -> ... -> update`` exists and is unique;
-3. port types match along every edge and every input is connected;
+2. the weight cycle ``trainer -> exporter -> generator -> ... -> trainer`` exists and is unique;
+3. port types match along every edge and every input is connected; the
+   branches of a join carry batches of the same step;
 4. (staleness: :mod:`omnigraph.staleness`);
 5. placement is feasible;
 6. the batch arithmetic is consistent.
+
+Everything is decided by node *roles* (:data:`omnigraph.ports.ROLE`) and the
+plugin registry (:mod:`omnigraph.plugins`), never by backend names.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from pathlib import Path
 
 import networkx as nx
 
+from . import plugins, transports
 from .delays import assign_delays
 from .errors import GraphError, GraphErrors
 from .ir import Edge, Graph, Node
-from .ports import compatible, signature
+from .ports import ROLE, compatible, is_state, signature
+from .schedule import arrival
+from .sdk import TRAINER_ROLES
 from .spec import GraphSpec
-
-TRAINER_KINDS = ("old_logprob", "ref_logprob", "update")
-MODEL_ALIASES = ("tiny", "smollm2-135m")
 
 
 class _Errors:
@@ -35,6 +38,9 @@ class _Errors:
 
     def add(self, message: str, where: str | None = None, fix: str | None = None) -> None:
         self.items.append(GraphError(message, where=where, fix=fix))
+
+    def extend(self, error: GraphError) -> None:
+        self.items.extend(getattr(error, "errors", [error]))
 
     def raise_if_any(self) -> None:
         if len(self.items) == 1:
@@ -58,14 +64,15 @@ def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
     errors.raise_if_any()
     edges = assign_delays(spec, nodes, edges)
     topo = _zero_delay_order(nodes, edges)
+    _joins_aligned(nodes, edges, errors)
     _rates(nodes, edges, errors)
     _batch_arithmetic(spec, nodes, errors)
     _placement(spec, cluster, errors)
-    _weights_transport(spec, nodes, errors)
+    _weights_paths(spec, nodes, errors)
     _references(spec, nodes, errors)
     errors.raise_if_any()
     graph = Graph(name=spec.name, spec=spec, nodes=nodes, edges=edges, topo=topo)
-    graph.warnings.extend(_overlap_warnings(spec, graph))
+    graph.warnings.extend(_overlap_warnings(graph))
     return graph
 
 
@@ -85,8 +92,8 @@ def _nodes(spec: GraphSpec, errors: _Errors) -> dict[str, Node]:
             every = ns.every or spec.schedule.sync_every
         elif ns.kind == "custom":
             every = ns.every
-        nodes[name] = Node(name=name, kind=ns.kind, pool=ns.pool, inputs=dict(sig.inputs),
-                           outputs=dict(sig.outputs), every=every, spec=ns)
+        nodes[name] = Node(name=name, kind=ns.kind, role=ROLE[ns.kind], backend=getattr(ns, "backend", "custom"),
+                           pool=ns.pool, inputs=dict(sig.inputs), outputs=dict(sig.outputs), every=every, spec=ns)
     if not nodes:
         errors.add("the graph has no nodes", where="nodes",
                    fix="define generate, reward, old_logprob, update and sync (see graphs/grpo_one_step_off.yaml)")
@@ -116,9 +123,12 @@ def _edges(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> list[Edg
                        f"{dst.inputs[dp]}", where=where,
                        fix="connect a port of the matching type (e.g. generate -> reward -> old_logprob)")
             continue
-        if (es.dst, dp) in taken:
-            errors.add(f"input {es.dst}.{dp} already has a producer ({taken[(es.dst, dp)]})", where=where,
-                       fix="each input takes exactly one edge; remove one of them")
+        if (es.dst, dp) in taken and is_state(dst.inputs[dp]):
+            errors.add(f"input {es.dst}.{dp} already has a producer ({taken[(es.dst, dp)]}): a {dst.inputs[dp]} "
+                       "input holds one value", where=where, fix="each state input takes exactly one edge; remove one")
+            continue
+        if any(e.src == es.src and e.src_port == sp and e.dst == es.dst and e.dst_port == dp for e in edges):
+            errors.add(f"the edge {es.arrow} is given twice", where=where, fix="remove one of them")
             continue
         taken[(es.dst, dp)] = es.arrow
         edges.append(Edge(src=es.src, src_port=sp, dst=es.dst, dst_port=dp, type=src.outputs[sp],
@@ -175,18 +185,18 @@ def _inputs_connected(nodes: dict[str, Node], edges: list[Edge], errors: _Errors
 
 
 def _structure(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
-    updates = [n for n in nodes.values() if n.kind == "update"]
-    gens = [n for n in nodes.values() if n.kind == "generate"]
-    if len(updates) != 1:
-        errors.add(f"the graph needs exactly one update node, found {len(updates)}"
-                   + (f" ({', '.join(n.name for n in updates)})" if updates else ""),
+    trainers = [n for n in nodes.values() if n.role == "trainer"]
+    gens = [n for n in nodes.values() if n.role == "generator"]
+    if len(trainers) != 1:
+        errors.add(f"the graph needs exactly one update node, found {len(trainers)}"
+                   + (f" ({', '.join(n.name for n in trainers)})" if trainers else ""),
                    where="nodes", fix="keep one node of kind update (the policy trainer)")
     if not gens:
         errors.add("the graph has no generate node", where="nodes",
                    fix="add nodes.generate: {kind: generate, pool: rollout}")
-    if len(updates) != 1 or not gens:
+    if len(trainers) != 1 or not gens:
         return
-    update = updates[0]
+    update = trainers[0]
     for n in nodes.values():
         if n.kind == "old_logprob" and n.pool != update.pool:
             errors.add(f"old_logprob runs on pool '{n.pool}' but it reads the trainer's weights on pool "
@@ -209,7 +219,7 @@ def _structure(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> No
             shown = "; ".join(" -> ".join(p) for p in paths[:3])
             errors.add(f"the weight cycle is not unique: weights reach '{gen.name}' by {len(paths)} paths ({shown})",
                        where=f"nodes.{gen.name}", fix="keep a single sync path from update to each generate")
-        elif not any(nodes[x].kind == "sync" for x in paths[0][1:-1]):
+        elif not any(nodes[x].role == "exporter" for x in paths[0][1:-1]):
             errors.add(f"weights go from '{update.name}' to '{gen.name}' without a sync node",
                        where=f"nodes.{gen.name}", fix="route them through a node of kind sync: update -> sync -> generate")
 
@@ -238,6 +248,17 @@ def _zero_delay_order(nodes: dict[str, Node], edges: list[Edge]) -> list[str]:
                          "or use schedule.mode sync/one_step_off/async to insert the delays")
 
 
+def _joins_aligned(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
+    depth = arrival(nodes, edges)
+    for n in nodes.values():
+        ins = [e for e in edges if e.dst == n.name and not e.state]
+        if len({depth[e.src] + e.delay for e in ins}) > 1:
+            shown = "; ".join(f"{e.src} -> {e.dst} brings the batch of step t - {depth[e.src] + e.delay}" for e in ins)
+            errors.add(f"'{n.name}' would join batches of different steps ({shown})", where=f"nodes.{n.name}",
+                       fix="give the branches into it the same total delay (with schedule.mode the delays are "
+                           "inserted where rollout work hands over to trainer work, on every branch alike)")
+
+
 def _rates(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
     for n in nodes.values():
         if n.every > 1:
@@ -256,14 +277,14 @@ def _batch_arithmetic(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) 
     samples = t.prompts * t.samples_per_prompt
     for n in nodes.values():
         actors = spec.pools[n.pool].actors if n.pool in spec.pools else 1
-        if n.kind == "generate" and t.prompts % actors:
+        if n.role == "generator" and t.prompts % actors:
             errors.add(f"{t.prompts} prompts do not split evenly over the {actors} actors of pool '{n.pool}'",
                        where="task.prompts", fix=f"use a multiple of {actors} prompts or change pools.{n.pool}.actors")
-        if n.kind in TRAINER_KINDS and samples % actors:
+        if n.role in TRAINER_ROLES and samples % actors:
             errors.add(f"{t.prompts} prompts x {t.samples_per_prompt} samples = {samples} samples do not split "
                        f"evenly over the {actors} data-parallel ranks of pool '{n.pool}'", where="task.samples_per_prompt",
                        fix=f"make prompts x samples_per_prompt a multiple of {actors}")
-        if n.kind == "update" and n.spec.mini_batch_size is not None:
+        if n.role == "trainer" and getattr(n.spec, "mini_batch_size", None) is not None:
             mb = n.spec.mini_batch_size
             if mb > samples or samples % mb:
                 errors.add(f"mini_batch_size {mb} does not divide the batch of {samples} samples",
@@ -291,30 +312,18 @@ def _placement(spec: GraphSpec, cluster: dict[str, float] | None, errors: _Error
                        where="pools", fix=f"lower pools.*.{res} or actors, or join a larger cluster (--address)")
 
 
-def _weights_transport(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
-    """Weights over NCCL (``omnigraph.weightsync``): only between whole GPUs, one receiving node per pool."""
-    from .weightsync import choose_path
+def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
+    """Every exporter's weights path can be had (the plan asks :func:`omnigraph.transports.choose` again)."""
     for n in nodes.values():
-        if n.kind != "sync":
-            continue
-        outs = [e for e in spec.edges if e.src == n.name and e.dst in nodes]
-        path = choose_path(spec, n.name) if n.backend == "torch" else "none"
-        for e in outs:
-            if e.transport == "nccl" and path != "nccl":
-                errors.add(f"transport: nccl on the weights edge {e.arrow} needs the pools of '{n.name}' and "
-                           f"'{e.dst}' on whole GPUs of their own (gpus >= 1; here {spec.pools[n.pool].gpus:g} and "
-                           f"{spec.pools[nodes[e.dst].pool].gpus:g}) and a torch sync node",
-                           where=f"edges.{e.arrow}", fix="remove transport (auto picks the path) or give both "
-                                                          "pools gpus: 1")
-        pools = [nodes[e.dst].pool for e in outs]
-        if path == "nccl" and len(set(pools)) < len(pools):
-            errors.add(f"'{n.name}' sends its weights over NCCL to several nodes of one pool: each actor can "
-                       "receive one broadcast per sync", where=f"nodes.{n.name}",
-                       fix="send the weights to one node per pool, or set transport: shm on these edges")
+        if n.role == "exporter":
+            try:
+                transports.choose(spec, n.name)
+            except GraphError as e:
+                errors.extend(e)
 
 
 def _data_parallel(spec: GraphSpec, n: Node, errors: _Errors) -> None:
-    """Several trainer actors train as one (omnigraph.dataparallel): a process group between them."""
+    """Several trainer actors train as one (omnigraph.transports.collectives): a process group between them."""
     pool = spec.pools[n.pool]
     if 0 < pool.gpus < 1:
         errors.add(f"data-parallel training over {pool.actors} trainer actors with {pool.gpus:g} GPU each: NCCL "
@@ -326,73 +335,80 @@ def _data_parallel(spec: GraphSpec, n: Node, errors: _Errors) -> None:
 
 
 def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
-    from nodes.tasks import TASKS
-    if spec.task.name not in TASKS and ":" not in spec.task.name:
-        errors.add(f"unknown task '{spec.task.name}' (built in: {', '.join(TASKS)})", where="task.name",
-                   fix="use a built-in task or a dotted path module:function")
+    """What the graph names by string: backends, the task, reward functions, custom classes, loggers, the model."""
+    uses_model = []
     for n in nodes.values():
-        if n.kind == "reward" and n.spec.backend == "python":
-            _resolvable(n.spec.fn, f"nodes.{n.name}.fn", errors)
         if n.kind == "custom":
-            _resolvable(n.spec.cls, f"nodes.{n.name}.cls", errors)
+            _resolvable(lambda: plugins.load_dotted(n.spec.cls), f"nodes.{n.name}.cls", errors)
+            continue
+        try:
+            b = plugins.backend(n.kind, n.backend, where=f"nodes.{n.name}.backend")
+        except GraphError as e:
+            errors.extend(e)
+            continue
+        if b.uses_model:
+            uses_model.append(n)
+        if n.kind == "reward" and n.backend == "python":
+            _resolvable(lambda: plugins.named_or_dotted("rewards", n.spec.fn), f"nodes.{n.name}.fn", errors)
+    if ":" in spec.task.name:
+        _resolvable(lambda: plugins.load_dotted(spec.task.name), "task.name", errors)
+    elif not plugins.has("tasks", spec.task.name):
+        errors.extend(plugins.unknown("tasks", spec.task.name, "task.name"))
+    _policy_options(spec, nodes, errors)
+    for name in spec.runtime.loggers:
+        try:
+            need = getattr(plugins.load("loggers", name, where="runtime.loggers"), "missing", lambda: None)()
+        except GraphError as e:
+            errors.extend(e)
+            continue
+        if need:
+            errors.add(f"logger '{name}' needs the {need} package, which is not installed", where="runtime.loggers",
+                       fix=f"pip install {need} (or pip install -e '.[{name}]'), or remove {name} from runtime.loggers")
+    path = spec.model.path
+    if uses_model and not plugins.has("models", path) and not Path(path).expanduser().is_dir():
+        errors.add(f"model directory '{path}' does not exist (node '{uses_model[0].name}' uses backend "
+                   f"{uses_model[0].backend})", where="model.path",
+                   fix=f"use one of {', '.join(plugins.names('models'))} or a local Hugging Face model directory")
+
+
+def _policy_options(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
+    """Options that must agree across the nodes of the policy (LoRA, payloads, precision, data parallel)."""
+    lora = any(u.role == "trainer" and getattr(u.spec, "lora", None) for u in nodes.values())
     for n in nodes.values():
         if n.kind == "generate" and n.spec.lora_serving == "merged" and n.backend != "vllm":
             errors.add(f"lora_serving: merged is a vllm backend option (this node uses backend {n.backend})",
                        where=f"nodes.{n.name}.lora_serving", fix="remove it, or set backend: vllm")
-        if n.kind == "update" and n.backend == "torch" and spec.pools[n.pool].actors > 1:
+        if n.role == "trainer" and n.backend == "torch" and spec.pools[n.pool].actors > 1:
             _data_parallel(spec, n, errors)
-        if n.kind == "sync" and n.backend == "torch":
-            lora = any(u.kind == "update" and u.spec.lora for u in nodes.values())
+        if n.role == "trainer" and n.backend == "torch" and spec.model.dtype == "float16":
+            errors.add("float16 training needs a gradient scaler, which the torch trainer does not use (small "
+                       "gradients underflow to zero)", where="model.dtype",
+                       fix="use bfloat16 (mixed precision: fp32 master weights, bf16 compute) or float32; "
+                           "float16 rollouts alone: nodes.<generate>.dtype: float16")
+        if n.role == "exporter" and n.backend == "torch":
             if n.spec.payload == "lora" and not lora:
                 errors.add("payload lora but the update node trains no LoRA adapters", where=f"nodes.{n.name}.payload",
                            fix="set payload: full, or give the update node lora: {r: 8}")
             if n.spec.payload == "full" and lora:
                 errors.add("the update node trains LoRA adapters: send them, not the full weights",
                            where=f"nodes.{n.name}.payload", fix="set payload: lora")
-    from .loggers import missing
-    for name in spec.runtime.loggers:
-        if missing(name):
-            errors.add(f"logger '{name}' needs the {missing(name)} package, which is not installed",
-                       where="runtime.loggers", fix=f"pip install {missing(name)} (or pip install -e '.[{name}]'), "
-                                                    f"or remove {name} from runtime.loggers")
-    real = [n for n in nodes.values() if n.backend not in ("synthetic", "python", "custom")]
-    path = spec.model.path
-    if real and path not in MODEL_ALIASES and not Path(path).expanduser().is_dir():
-        errors.add(f"model directory '{path}' does not exist (node '{real[0].name}' uses backend "
-                   f"{real[0].backend})", where="model.path",
-                   fix=f"use one of {', '.join(MODEL_ALIASES)} or a local Hugging Face model directory")
 
 
-def _resolvable(dotted: str, where: str, errors: _Errors) -> None:
+def _resolvable(load, where: str, errors: _Errors) -> None:
     try:
-        load_object(dotted)
+        load()
     except GraphError as e:
         errors.add(e.message, where=where, fix=e.fix)
-
-
-def load_object(dotted: str):
-    """``package.module:attr`` -> the attribute; a clear GraphError if it cannot be found."""
-    mod, sep, attr = dotted.partition(":")
-    if not sep or not mod or not attr:
-        raise GraphError(f"'{dotted}' is not a dotted path", fix="write it as package.module:name")
-    try:
-        module = importlib.import_module(mod)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
-        raise GraphError(f"cannot import module '{mod}': {type(e).__name__}: {e}",
-                         fix="check the module name and that it is importable from the current directory") from None
-    if not hasattr(module, attr):
-        raise GraphError(f"module '{mod}' has no attribute '{attr}'", fix="check the name after ':'")
-    return getattr(module, attr)
 
 
 # ---------------------------------------------------------------- warnings
 
 
-def _overlap_warnings(spec: GraphSpec, graph: Graph) -> list[str]:
+def _overlap_warnings(graph: Graph) -> list[str]:
     out = []
-    update = graph.update
+    update = graph.trainer
     if any(e.delay > 0 and not e.state for e in graph.edges):
-        for gen in graph.of_kind("generate"):
+        for gen in graph.of_role("generator"):
             if gen.pool == update.pool:
                 out.append(f"no overlap: {gen.name} and {update.name} share pool '{gen.pool}' (one actor runs them "
                            "one after another), so the asynchronous schedule buys no time: predicted step = sum; "

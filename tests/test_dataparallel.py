@@ -1,4 +1,5 @@
-"""Data-parallel training (omnigraph.dataparallel): two trainer actors train as one optimizer over the batch."""
+"""Data-parallel training (omnigraph.transports.collectives): two trainer actors train as one optimizer over
+the batch."""
 
 import os
 import subprocess
@@ -18,27 +19,24 @@ GRAPH = GRAPHS / "grpo_one_step_off.yaml"
 WORKER = r"""
 import sys, torch
 import omnigraph as og
-from omnigraph import weightsync
-from omnigraph.data import Weights
-from omnigraph.node import ActorState, NodeContext
-from nodes.hf import Generate
-from nodes.reward import Reward
-from nodes.trainer import Update
+from omnigraph.sdk import SampleBatch, Weights
+from omnigraph.testing import build_node, prompts
+from omnigraph.transports import collectives, groups
 rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(1)
 spec = og.load(sys.argv[5], ["nodes.update.mini_batch_size=64", f"pools.trainer.actors={world}"])
-if world > 1:
-    weightsync.join("dp-trainer", "127.0.0.1", port, rank, world, 120.0, backend="gloo")
-rollout = NodeContext("rollout.0", 0, 1, 0, spec, ActorState())
-batch = Generate("generate", spec.nodes["generate"], rollout)(0, Weights(0))["rollout"]
-batch = Reward("reward", spec.nodes["reward"], rollout)(0, batch)["batch"]
-from omnigraph.data import SampleBatch
+gen, _ = build_node(spec, "generate")
+batch = gen.generate(0, prompts(spec, 0), Weights(0))
+batch = build_node(spec, "reward")[0].score(0, batch)
 if world == 1:   # the rows in the order two ranks see them: mini-batch i = rank 0's i-th 32 rows + rank 1's
     halves = [batch.shard(r, 2) for r in range(2)]
     batch = SampleBatch.concat([h.select(range(i * 32, (i + 1) * 32)) for i in range(2) for h in halves])
-upd = Update("update", spec.nodes["update"], NodeContext(f"trainer.{rank}", rank, world, 0, spec, ActorState()))
+upd, ctx = build_node(spec, "update", actor=f"trainer.{rank}")
+if world > 1:
+    ctx.collectives = collectives.PoolCollectives(groups.join("dp-trainer", "127.0.0.1", port, rank, world, 120.0,
+                                                              backend="gloo"))
 for step in (1, 2):                          # two batches, two optimizer steps each (mini-batches of 64 of 128)
-    upd(step, batch.shard(rank, world))
+    upd.train(step, batch.shard(rank, world))
 torch.save({k: v.detach().clone() for k, v in upd.policy.model.state_dict().items()}, out)
 __import__("os")._exit(0)      # no destructors: a gloo group torn down at interpreter exit aborts now and then
 """
@@ -70,9 +68,8 @@ def test_two_ranks_take_the_single_actor_step_on_the_whole_batch(tmp_path):
 
 
 def _initial() -> dict:
-    from nodes.trainer import Policy
-    spec = og.load(GRAPH)
-    model = Policy(spec, spec.nodes["update"]).model
+    from omnigraph.testing import build_node
+    model = build_node(og.load(GRAPH), "update")[0].policy.model
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -84,15 +81,15 @@ def test_validation_names_what_data_parallel_training_needs():
         og.compile(GRAPHS / "gpu" / "grpo_one_step_off.yaml", overrides=["pools.trainer.actors=2"])
     assert e.value.where == "pools.trainer.gpus"
     plan = og.compile(GRAPH, overrides=["pools.trainer.actors=2"])
-    from omnigraph import dataparallel
-    assert dataparallel.groups(plan) == {"dp-trainer": (["trainer.0", "trainer.1"], "gloo")}
+    assert [(g.name, g.members, g.backend, g.purpose) for g in plan.groups] == \
+        [("dp-trainer", ("trainer.0", "trainer.1"), "gloo", "data-parallel")]
 
 
 @pytest.mark.slow
 def test_one_step_off_with_two_trainer_actors_on_ray_learns_and_keeps_them_identical(tmp_path):
     import pickle
 
-    from omnigraph.executors.base import make_executor
+    from omnigraph.executors import make_executor
     plan = og.compile(GRAPH, overrides=["pools.trainer.actors=2", "pools.trainer.cpus=0.5", "pools.rollout.cpus=1",
                                         "schedule.iterations=40", "checkpoint.every=null"])
     ex = make_executor(plan, "ray")
@@ -122,7 +119,8 @@ def test_one_failed_rank_stops_its_peer_at_once_and_the_run_recovers(tmp_path, m
                                         "checkpoint.every=4", "runtime.max_restarts=1", "runtime.step_timeout_s=600"])
     t0 = time.perf_counter()
     res = run(plan, run_dir=tmp_path, executor="ray", progress=False)
-    (restart,) = [json.loads(x) for x in (res.run_dir / "restarts.jsonl").read_text().splitlines()]
+    events = [json.loads(x) for x in (res.run_dir / "restarts.jsonl").read_text().splitlines()]
+    (restart,) = [e for e in events if e["event"] == "restart"]
     assert "injected fault in update at step 7" in restart["cause"], restart
     assert restart["time"] < 120 and time.perf_counter() - t0 < 240, restart
     assert res.summary["groups_lost"] == 0 and res.summary["groups_trained_twice"] == 0

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import omnigraph as og
-from omnigraph.data import Weights
-from omnigraph.node import ActorState, NodeContext
+from omnigraph.sdk import Weights
+from omnigraph.testing import build_node, export, prompts
 
 from conftest import GRAPHS, ROOT
 
@@ -25,48 +25,42 @@ GPU_GRAPH = GRAPHS / "gpu" / "grpo_one_step_off.yaml"
 
 
 def nodes(overrides=()):
-    from nodes.hf import Generate
-    from nodes.reward import Reward
-    from nodes.trainer import Logprob, Sync, Update
     spec = og.load(GPU_GRAPH, list(overrides))
-    trainer = NodeContext("trainer.0", 0, 1, 0, spec, ActorState())
-    rollout = NodeContext("rollout.0", 0, 1, 0, spec, ActorState())
-    n = spec.nodes
-    return (Generate("generate", n["generate"], rollout), Reward("reward", n["reward"], rollout),
-            Logprob("old_logprob", n["old_logprob"], trainer), Update("update", n["update"], trainer),
-            Sync("sync", n["sync"], trainer))
+    trainer = {}
+    return spec, tuple(build_node(spec, n, shared=trainer)[0] if n in ("old_logprob", "update", "sync")
+                       else build_node(spec, n)[0] for n in ("generate", "reward", "old_logprob", "update", "sync"))
 
 
 def test_nodes_compute_on_cuda_in_bf16_and_hand_back_host_tensors():
-    gen, rew, olp, upd, sync = nodes(["nodes.update.mini_batch_size=128"])   # two optimizer steps: no fusion
+    spec, (gen, rew, olp, upd, sync) = nodes(["nodes.update.mini_batch_size=128"])   # two optimizer steps: no fusion
     assert {p.device.type for p in gen.model.parameters()} == {"cuda"}
     assert {p.dtype for p in gen.model.parameters()} == {torch.bfloat16}
     pol = upd.policy
     assert pol.autocast and {(p.device.type, p.dtype) for p in pol.model.parameters()} == {("cuda", torch.float32)}
-    batch = gen(0, Weights(0))["rollout"]
+    batch = gen.generate(0, prompts(spec, 0), Weights(0))
     tensors = {k: v for k, v in batch.fields.items() if isinstance(v, torch.Tensor)}
     assert tensors and all(v.device.type == "cpu" for v in tensors.values())
-    batch = rew(0, batch)["batch"]
-    batch = olp(0, batch)["batch"]
+    batch = rew.score(0, batch)
+    batch = olp.logprobs(0, batch)
     assert batch.fields["old_logprob"].device.type == "cpu"
     with pol.amp():
         assert pol.model.model.layers[0].mlp.up_proj(torch.zeros(1, 128, device="cuda")).dtype == torch.bfloat16
-    upd(1, batch)
+    upd.train(1, batch)
     assert torch.isfinite(torch.tensor(upd.ctx.metrics["loss"])) and upd.ctx.metrics["gpu_mem_gb"] > 0
     state = pol.opt.state[next(iter(pol.model.parameters()))]
     assert state["exp_avg"].device.type == "cuda" and state["exp_avg"].dtype == torch.float32
-    w = sync(1, Weights(1))["weights"]
-    from omnigraph.tensors import TensorPack
+    w = export(spec, sync, 1)
+    from omnigraph.transports.pack import TensorPack
     assert isinstance(w.tensors, TensorPack) and w.tensors.path == "cuda-ipc"
     assert {b.dtype for b in w.tensors.buffers.values()} == {torch.bfloat16}
     assert w.nbytes < sum(p.numel() * 4 for p in pol.model.parameters())      # bf16 and tied weights once
-    gen.apply(w)
+    gen.load_weights(w)
     for name, p in gen.model.state_dict().items():
         assert torch.equal(p, pol.model.state_dict()[name].to(torch.bfloat16)), name
 
 
 def test_cuda_ipc_pack_crosses_processes_without_the_host():
-    from omnigraph.tensors import TensorPack
+    from omnigraph.transports.pack import TensorPack
     src = {"a": torch.randn(1000, 1000, device="cuda"), "b": torch.arange(10, device="cuda")}
     pack = TensorPack.pack(src, dtype=torch.bfloat16, path="cuda-ipc")
     blob = pickle.dumps(pack)
@@ -79,14 +73,14 @@ def test_cuda_ipc_pack_crosses_processes_without_the_host():
     path, dev, dtype, total, ints = out.stdout.decode().split()
     assert (path, dev, dtype, int(ints)) == ("cuda-ipc", "cuda", "torch.bfloat16", 45)
     assert abs(float(total) - float(src["a"].to(torch.bfloat16).float().sum())) < 1e-2
-    from omnigraph.tensors import portable
+    from omnigraph.transports.base import portable
     with portable():                              # checkpoints: host tensors, never handles
         again = pickle.loads(pickle.dumps(pack))
     assert again.path == "host" and again["a"].device.type == "cpu"
 
 
 def test_ray_places_both_pools_on_one_gpu_and_the_reward_rises(tmp_path):
-    from omnigraph.executors.base import make_executor
+    from omnigraph.executors import make_executor
     plan = og.compile(GPU_GRAPH, overrides=["schedule.iterations=30", "checkpoint.every=null"])
     ex = make_executor(plan, "ray")
     ex.start()

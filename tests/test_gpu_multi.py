@@ -1,4 +1,4 @@
-"""Two GPUs: trainer and rollout on whole cards of their own, weights over NCCL (omnigraph.weightsync).
+"""Two GPUs: trainer and rollout on whole cards of their own, weights over NCCL (omnigraph.transports.nccl).
 
 Skipped without two CUDA devices (CI has none). On such a machine ``scripts/gpu_tests.sh multi`` runs them
 (with the carried Ray bundle: ``scripts/gpu_setup.sh``).
@@ -35,7 +35,7 @@ def _states(ex) -> dict[str, dict]:
 
 
 def _run(plan, executor: str):
-    from omnigraph.executors.base import make_executor
+    from omnigraph.executors import make_executor
     ex = make_executor(plan, executor)
     ex.start()
     try:
@@ -85,7 +85,7 @@ def test_a_rollout_killed_mid_run_on_two_gpus_restarts_into_a_new_nccl_group(tmp
     """kill -9 of the rollout actor (GPU 1) at step 12: the supervisor tears both actors down, starts them again,
     they form a fresh NCCL group and the run resumes from the step-10 checkpoint; no prompt group is lost or
     trained twice and the reward still rises."""
-    from omnigraph.ledger import read
+    from omnigraph.runtime.ledger import read
     from omnigraph.runtime import run
     monkeypatch.setenv("OMNIGRAPH_INJECT", "generate@12:exit")
     plan = og.compile(TWO_GPU, overrides=["schedule.iterations=30", "checkpoint.every=10", "runtime.max_restarts=1"])
@@ -100,11 +100,10 @@ def test_a_rollout_killed_mid_run_on_two_gpus_restarts_into_a_new_nccl_group(tmp
 def test_two_trainer_gpus_train_as_one_over_nccl():
     """Data-parallel update over an NCCL group of two trainer actors (a GPU each; the rollout on the CPU): the
     ranks stay bit-identical and the reward rises."""
-    from omnigraph import dataparallel
-    from omnigraph.executors.base import make_executor
+    from omnigraph.executors import make_executor
     plan = og.compile(TWO_GPU, overrides=["pools.trainer.actors=2", "pools.rollout.gpus=0", "pools.rollout.cpus=1",
                                           "schedule.iterations=30", "checkpoint.every=null"])
-    assert dataparallel.groups(plan) == {"dp-trainer": (["trainer.0", "trainer.1"], "nccl")}
+    assert [(g.name, g.members, g.backend) for g in plan.groups] == [("dp-trainer", ("trainer.0", "trainer.1"), "nccl")]
     ex = make_executor(plan, "ray")
     ex.start()
     try:

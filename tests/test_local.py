@@ -6,7 +6,7 @@ import pytest
 
 import omnigraph as og
 from omnigraph.errors import NodeFailure, StalenessError
-from omnigraph.executors.base import make_executor
+from omnigraph.executors import make_executor
 from omnigraph.runtime import run
 from omnigraph.testing import canonical_spec
 
@@ -79,14 +79,14 @@ class TestStalePolicy:
 
     def test_error_policy_stops_at_runtime_if_a_node_lies_about_versions(self, monkeypatch):
         import nodes.synthetic as syn
-        real = syn.Generate.__call__
+        real = syn.Generate.generate
 
-        def stale(self, step, weights):
-            out = real(self, step, weights)
-            out["rollout"].min_version = [-5] * len(out["rollout"])
+        def stale(self, step, prompts, weights):
+            out = real(self, step, prompts, weights)
+            out.min_version = [-5] * len(out)
             return out
 
-        monkeypatch.setattr(syn.Generate, "__call__", stale)
+        monkeypatch.setattr(syn.Generate, "generate", stale)
         plan = og.compile(canonical_spec("one_step_off", iterations=3))
         with pytest.raises(StalenessError, match=r"staleness \d+ > bound 1"):
             records(plan, "update")
@@ -99,9 +99,8 @@ class TestFailures:
         def boom(self, step, batch):
             if step == 2:
                 raise ValueError("bad batch")
-            return {"weights": None}
 
-        monkeypatch.setattr(syn.Update, "__call__", boom)
+        monkeypatch.setattr(syn.Update, "train", boom)
         plan = og.compile(canonical_spec("one_step_off", iterations=4))
         with pytest.raises(NodeFailure, match=r"node update failed at iteration 2: ValueError: bad batch"):
             records(plan, "update")

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from omnigraph.cli import main
-from omnigraph.compiler import compile as og_compile
+from omnigraph.planning import compile as og_compile
 from omnigraph.errors import GraphError
 
 from conftest import GRAPHS
@@ -46,8 +46,8 @@ def test_a_restarted_run_shows_each_step_once(tmp_path, monkeypatch):
 
 
 def test_a_logger_whose_package_is_missing_is_named(monkeypatch):
-    from omnigraph import loggers
-    monkeypatch.setitem(loggers.PACKAGES, "tensorboard", "no_such_package_for_omnigraph")
+    from omnigraph.runtime import loggers
+    monkeypatch.setattr(loggers.TensorBoard, "missing", staticmethod(lambda: "no_such_package_for_omnigraph"))
     with pytest.raises(GraphError) as e:
         og_compile(SYNTH, overrides=["runtime.loggers=[tensorboard]"])
     assert e.value.where == "runtime.loggers" and "pip install" in str(e.value)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nodes.losses import policy_loss, token_logprobs
-from nodes.reward import grpo_advantages
+from nodes.scorer import grpo_advantages
 
 
 def example():

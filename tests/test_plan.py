@@ -6,11 +6,11 @@ from omnigraph.testing import canonical_spec
 ONE_STEP_OFF = """\
 plan canonical-one_step_off: mode one_step_off, sync_every 1, 8 iterations + 1 fill/drain = 9 steps
 nodes:
-  generate       generate[synthetic] on rollout, cost 0.1s
-  reward         reward[synthetic] on rollout, cost 0.1s
-  old_logprob    old_logprob[synthetic] on trainer, cost 0.1s
-  update         update[synthetic] on trainer, cost 0.1s
-  sync           sync[synthetic] on trainer, cost 0.1s
+  generate       generate[synthetic] on rollout (generator), cost 0.1s
+  reward         reward[synthetic] on rollout (scorer), cost 0.1s
+  old_logprob    old_logprob[synthetic] on trainer (logprob), cost 0.1s
+  update         update[synthetic] on trainer (trainer), cost 0.1s
+  sync           sync[synthetic] on trainer (exporter), cost 0.1s
 edges:
   generate.rollout -> reward.rollout       Rollout  delay 0
   reward.batch -> old_logprob.batch        Batch    delay 1
@@ -25,7 +25,9 @@ channels:
   rollout.0:reward.batch -> trainer.0:old_logprob.batch  shm, buffer of 1 in trainer.0
   trainer.0:old_logprob.batch -> trainer.0:update.batch  local
   trainer.0:update.weights -> trainer.0:sync.weights  local
-  trainer.0:sync.weights -> rollout.0:generate.weights  shm, buffer of 1 in rollout.0
+  trainer.0:sync.weights -> rollout.0:generate.weights  channel, buffer of 1 in rollout.0
+weights:
+  sync -> generate  by channel
 fill: step 0: generate, reward
 drain: step 8: old_logprob, sync, update
 staleness bound: 1 (max_staleness 1000, on_stale error; reward -> old_logprob delay 1; \
@@ -74,6 +76,8 @@ def test_data_parallel_ranks_are_aligned_within_a_pool():
 
 
 def test_gpu_pools_send_batches_through_shared_memory():
-    # batches are host tensors; only a torch sync's weights go over NCCL (tests/test_weightsync.py)
+    # batches are host tensors; weights take the plan's one weights path (tests/test_weightsync.py)
     plan = og.compile(canonical_spec("one_step_off"), overrides=["pools.trainer.gpus=1", "pools.rollout.gpus=1"])
-    assert {c.transport for c in plan.channels if c.src.actor != c.dst.actor} == {"shm"}
+    remote = [c for c in plan.channels if c.src.actor != c.dst.actor]
+    assert {c.transport for c in remote if not c.edge.state} == {"shm"}
+    assert {c.transport for c in remote if c.edge.state} == {plan.weights["sync"]} == {"channel"}   # one process

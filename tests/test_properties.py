@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import omnigraph as og
 from omnigraph.errors import GraphError
-from omnigraph.executors.base import make_executor
+from omnigraph.executors import make_executor
 from omnigraph.yamlio import dump, load_text
 
 from conftest import GRAPHS

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import omnigraph as og
-from omnigraph.executors.base import make_executor
+from omnigraph.executors import make_executor
 from omnigraph.runtime import run
 from omnigraph.testing import canonical_spec
 
@@ -149,7 +149,7 @@ def test_a_killed_actor_is_restarted_and_the_run_resumes_from_its_checkpoint(tmp
     (d,) = tmp_path.iterdir()
     restarts = (d / "restarts.jsonl").read_text()
     assert "node update failed at iteration 5: actor trainer.0 died" in restarts
-    from omnigraph.ledger import read
+    from omnigraph.runtime.ledger import read
     s = read(d)
     assert s.ok and s.generated == s.trained_once == 10 * 8
     assert not alive
@@ -160,7 +160,7 @@ def test_a_killed_actor_is_restarted_and_the_run_resumes_from_its_checkpoint(tmp
 def test_supervised_runs_survive_each_fault_with_the_undisturbed_ledger(ray_session, tmp_path, monkeypatch, fault):
     """kill -9-like exits of the rollout (mid-generation) and trainer (mid-update), and a raise in each node kind:
     the run restarts from its checkpoint and ends with every prompt group trained exactly once."""
-    from omnigraph.ledger import read
+    from omnigraph.runtime.ledger import read
     over = ["schedule.iterations=8", "checkpoint.every=3", "runtime.max_restarts=1", "nodes.generate.cost=0.02"]
     monkeypatch.setenv("OMNIGRAPH_INJECT", fault)
     res = run(og.compile(GRAPHS / "synthetic_one_step_off.yaml", overrides=over), run_dir=tmp_path, executor="ray",

@@ -8,7 +8,7 @@ import torch
 
 import omnigraph as og
 from omnigraph.errors import GraphError, NodeFailure
-from omnigraph.ledger import read
+from omnigraph.runtime.ledger import read
 from omnigraph.runtime import run
 
 from conftest import GRAPHS
@@ -85,9 +85,9 @@ def test_resume_without_a_checkpoint_starts_over(tmp_path, monkeypatch):
 
 def test_a_full_disk_stops_with_a_clear_message_and_keeps_the_run(tmp_path, monkeypatch):
     import errno
-    from omnigraph import runtime
+    from omnigraph.runtime.rundir import RunFiles
 
-    real = runtime._Files.write
+    real = RunFiles.write
     calls = {"n": 0}
 
     def full(self, name, obj):
@@ -96,10 +96,10 @@ def test_a_full_disk_stops_with_a_clear_message_and_keeps_the_run(tmp_path, monk
             raise OSError(errno.ENOSPC, "No space left on device")
         real(self, name, obj)
 
-    monkeypatch.setattr(runtime._Files, "write", full)
+    monkeypatch.setattr(RunFiles, "write", full)
     with pytest.raises(GraphError, match=r"cannot write to the run directory: No space left on device .*--resume"):
         run(compile_("synthetic_one_step_off.yaml"), run_dir=tmp_path, progress=False)
-    monkeypatch.setattr(runtime._Files, "write", real)
+    monkeypatch.setattr(RunFiles, "write", real)
     (d,) = tmp_path.iterdir()
     resume(d)
     assert read(d).ok and read(d).generated == 9 * 8

@@ -3,7 +3,8 @@
 import pytest
 
 from nodes.rewards import arithmetic_reward, digits_match
-from nodes.tasks import TASKS, Arithmetic, Digits
+from omnigraph import plugins
+from nodes.tasks import Arithmetic, Digits
 
 
 @pytest.mark.parametrize("cls", [Digits, Arithmetic])
@@ -17,7 +18,7 @@ def test_streams_are_deterministic_and_the_eval_split_is_held_out(cls):
 
 
 def test_arithmetic_targets_are_the_sums_and_it_is_a_chat_task():
-    task = TASKS["arithmetic"](prompts=8, seed=0)
+    task = plugins.load("tasks", "arithmetic")(prompts=8, seed=0)
     assert task.chat and task.SYSTEM
     for p in task.batch(0):
         a, b = (int(x) for x in p.text.removeprefix("What is ").split("?")[0].split(" + "))
@@ -39,10 +40,10 @@ def test_digits_match_gives_partial_credit_in_place():
 
 def test_a_chat_task_on_a_model_without_a_chat_template_is_a_clear_error():
     import omnigraph as og
-    from omnigraph.node import ActorState, NodeContext
-    from nodes.hf import Generate
+    from omnigraph.sdk import ConfigError
+    from omnigraph.testing import build_node, prompts
     from conftest import GRAPHS
-    spec = og.load(GRAPHS / "grpo_sync.yaml", ["task.name=arithmetic"])
-    gen = Generate("generate", spec.nodes["generate"], NodeContext("rollout.0", 0, 1, 0, spec, ActorState()))
-    with pytest.raises(ValueError, match="chat task but the model's tokenizer has no chat template"):
-        gen.encode("What is 1 + 2?")
+    spec = og.load(GRAPHS / "grpo_sync.yaml", ["task.name=arithmetic", "task.prompts=4"])
+    gen, _ = build_node(spec, "generate")
+    with pytest.raises(ConfigError, match="chat messages but the tokenizer of 'tiny' has no chat template"):
+        gen.encode(prompts(spec, 0)[0])

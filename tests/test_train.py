@@ -6,44 +6,43 @@ import pytest
 import torch
 
 import omnigraph as og
-from omnigraph.node import ActorState, NodeContext
 from omnigraph.runtime import run
+from omnigraph.sdk import Weights
+from omnigraph.testing import build_node, export, prompts
 
 from conftest import GRAPHS
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
-def contexts(spec):
-    trainer = NodeContext("trainer.0", 0, 1, 0, spec, ActorState())
-    rollout = NodeContext("rollout.0", 0, 1, 0, spec, ActorState())
-    return trainer, rollout
-
-
 def nodes_for(overrides):
-    from nodes.hf import Generate
-    from nodes.trainer import Sync
+    """The sync node (on the trainer: it owns the policy) and the generate node of the main graph."""
     spec = og.load(GRAPHS / "grpo_one_step_off.yaml", overrides)
-    trainer, rollout = contexts(spec)
-    return spec, Sync("sync", spec.nodes["sync"], trainer), Generate("generate", spec.nodes["generate"], rollout)
+    shared = {}
+    sync, _ = build_node(spec, "sync", shared=shared)
+    gen, _ = build_node(spec, "generate")
+    return spec, sync, gen, shared
+
+
+def trainer_node(spec, name, shared):
+    return build_node(spec, name, shared=shared)[0]
 
 
 class TestWeightSync:
     def test_lora_sync_ships_only_adapters_and_leaves_base_weights_alone(self):
         from peft import get_peft_model_state_dict
-        from omnigraph.data import Weights
-        spec, sync, gen = nodes_for(["nodes.update.lora={r: 4, alpha: 8}", "nodes.sync.payload=lora"])
+        spec, sync, gen, _ = nodes_for(["nodes.update.lora={r: 4, alpha: 8}", "nodes.sync.payload=lora"])
         trainer_model = sync.policy.model
         with torch.no_grad():
             for name, p in trainer_model.named_parameters():
                 if "lora_B" in name:
                     p.add_(torch.randn_like(p))
         base_before = {k: v.clone() for k, v in gen.model.state_dict().items() if "lora_" not in k}
-        w = sync(1, Weights(version=1))["weights"]
+        w = export(spec, sync, 1)
         assert w.payload == "lora" and all("lora_" in k for k in w.tensors)
         full = sum(p.numel() * p.element_size() for p in trainer_model.parameters())
         assert w.nbytes < 0.1 * full
-        gen.apply(w)
+        gen.load_weights(w)
         mine = get_peft_model_state_dict(gen.model)
         theirs = get_peft_model_state_dict(trainer_model)
         assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
@@ -52,44 +51,39 @@ class TestWeightSync:
         assert gen.version == 1
 
     def test_full_sync_makes_rollout_logprobs_equal_the_trainers(self):
-        from omnigraph.data import Weights
-        from nodes.trainer import Logprob
-        spec, sync, gen = nodes_for(["nodes.update.mini_batch_size=32"])   # old_logprob not fused
+        spec, sync, gen, shared = nodes_for(["nodes.update.mini_batch_size=32"])   # old_logprob not fused
         with torch.no_grad():
             for p in sync.policy.model.parameters():
                 p.add_(0.01 * torch.randn_like(p))
-        gen.apply(sync(1, Weights(version=1))["weights"])
-        batch = gen(0, Weights(version=1))["rollout"]
-        olp = Logprob("old_logprob", spec.nodes["old_logprob"], sync.ctx)
-        old = olp(0, batch)["batch"].fields["old_logprob"]
+        gen.load_weights(export(spec, sync, 1))
+        batch = gen.generate(0, prompts(spec, 0), Weights(version=1))
+        olp = trainer_node(spec, "old_logprob", shared)
+        old = olp.logprobs(0, batch).fields["old_logprob"]
         assert torch.allclose(old, batch.fields["logprob"], atol=1e-4)
 
     def test_bf16_on_the_cpu_is_mixed_precision_and_syncs_bf16(self):
-        from omnigraph.data import Weights
-        from omnigraph.tensors import TensorPack
-        from nodes.trainer import Logprob, Update
-        spec, sync, gen = nodes_for(["model.dtype=bfloat16", "nodes.update.mini_batch_size=32"])
+        from omnigraph.transports.pack import TensorPack
+        spec, sync, gen, shared = nodes_for(["model.dtype=bfloat16", "nodes.update.mini_batch_size=32"])
         pol = sync.policy
         assert pol.autocast and {p.dtype for p in pol.model.parameters()} == {torch.float32}   # fp32 masters
         assert {p.dtype for p in gen.model.parameters()} == {torch.bfloat16}                # bf16 rollout
         with pol.amp():
             layer = pol.model.model.layers[0].mlp.up_proj
             assert layer(torch.zeros(1, layer.in_features)).dtype == torch.bfloat16
-        batch = gen(0, Weights(0))["rollout"]
-        olp = Logprob("old_logprob", spec.nodes["old_logprob"], sync.ctx)
-        batch = olp(0, batch)["batch"]
+        batch = gen.generate(0, prompts(spec, 0), Weights(0))
+        batch = trainer_node(spec, "old_logprob", shared).logprobs(0, batch)
         gap = (batch.fields["old_logprob"] - batch.fields["logprob"]).abs()[batch.fields["response_mask"].bool()]
         assert gap.mean() < 0.02 and gap.max() < 0.5, (gap.mean(), gap.max())   # pure bf16 vs bf16 autocast
-        upd = Update("update", spec.nodes["update"], sync.ctx)
+        upd = trainer_node(spec, "update", shared)
         before = {k: v.clone() for k, v in pol.model.state_dict().items()}
-        upd(1, batch.with_fields(advantage=torch.randn(len(batch)).tolist()))
+        upd.train(1, batch.with_fields(advantage=torch.randn(len(batch)).tolist()))
         state = pol.opt.state[next(iter(pol.model.parameters()))]
         assert state["exp_avg"].dtype == torch.float32
         assert any(not torch.equal(before[k], v) for k, v in pol.model.state_dict().items())
-        w = sync(1, Weights(1))["weights"]
-        assert isinstance(w.tensors, TensorPack) and w.tensors.path == "shm"
+        w = export(spec, sync, 1)
+        assert isinstance(w.tensors, TensorPack) and w.tensors.path == "shm" == w.path
         assert {b.dtype for b in w.tensors.buffers.values()} == {torch.bfloat16}
-        gen.apply(w)
+        gen.load_weights(w)
         for name, p in gen.model.state_dict().items():
             assert torch.equal(p, pol.model.state_dict()[name].to(torch.bfloat16)), name
 

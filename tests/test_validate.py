@@ -76,9 +76,22 @@ class TestValidGraphs:
         assert delays == {("generate", "reward"): 0, ("reward", "old_logprob"): 1, ("old_logprob", "update"): 0,
                           ("update", "sync"): 0, ("sync", "generate"): 1}
 
-    def test_reward_on_the_trainer_pool_moves_the_delay_before_it(self):
-        plan = og.compile(canonical_spec(), overrides=["nodes.reward.pool=trainer"])
-        assert [(e.src, e.dst) for e in plan.graph.edges if e.delay and not e.state] == [("generate", "reward")]
+    def test_the_delay_follows_roles_not_pools(self):
+        """Where rollout work ends follows from the nodes' roles: moving reward (or every node) onto the
+        trainer's pool keeps the delay on reward -> old_logprob and the bound, and says one pool cannot overlap."""
+        for overrides in (["nodes.reward.pool=trainer"],
+                          [f"nodes.{n}.pool=trainer" for n in ("generate", "reward")]):
+            plan = og.compile(canonical_spec(), overrides=overrides)
+            assert [(e.src, e.dst) for e in plan.graph.edges if e.delay and not e.state] == [("reward", "old_logprob")]
+            assert plan.bound == 1
+        assert any("no overlap" in w for w in plan.warnings)
+
+    def test_the_shipped_graph_runs_colocated_by_changing_pools_only(self):
+        """graphs/grpo_one_step_off.yaml with every node on one pool: valid, same bound, a warning."""
+        over = [f"nodes.{n}.pool=trainer" for n in ("generate", "reward", "old_logprob", "update", "sync")]
+        plan = og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=over)
+        assert plan.bound == og.compile(GRAPHS / "grpo_one_step_off.yaml").bound == 1
+        assert list(plan.actors) == ["trainer.0"] and any("no overlap" in w for w in plan.warnings)
 
     def test_colocation_is_allowed_but_reported(self):
         plan = og.compile(canonical_spec(colocate=True))

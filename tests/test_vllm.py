@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import omnigraph as og
-from omnigraph.data import Weights
-from omnigraph.node import ActorState, NodeContext
+from omnigraph.sdk import Prompt, Weights
+from omnigraph.testing import build_node, export, prompts
 
 from conftest import GRAPHS
 
@@ -34,15 +34,15 @@ TEXTS = ["copy 4071:", "copy 123:", "copy 98765:", "copy 5:",
 
 
 def make(overrides):
-    from nodes.trainer import Sync
     from nodes.vllm_backend import VllmGenerate
     # blocks of 32 tokens (CPU default: 128 = the tiny model's whole context) so that prompts get
     # prefix-cached and a stale cache after a weight update would show
     VllmGenerate.engine_args = {"block_size": 32}
     spec = og.load(GRAPHS / "grpo_sync.yaml", ["nodes.generate.backend=vllm", *overrides])
-    trainer = NodeContext("trainer.0", 0, 1, 0, spec, ActorState())
-    rollout = NodeContext("rollout.0", 0, 1, 0, spec, ActorState())
-    return spec, Sync("sync", spec.nodes["sync"], trainer), VllmGenerate("generate", spec.nodes["generate"], rollout)
+    sync, _ = build_node(spec, "sync")
+    gen, _ = build_node(spec, "generate")
+    assert isinstance(gen, VllmGenerate)
+    return spec, sync, gen
 
 
 def shutdown(gen):
@@ -65,14 +65,15 @@ def hf_greedy(model, tok, prompt_ids: list[int], max_new: int, stop_ids: list[in
 def check_against_trainer(gen, policy, temperature):
     """Greedy tokens equal; sampled tokens' logprobs equal the trainer's (the old_logprob pass)."""
     model = policy.model.eval()
-    got = gen.sample(TEXTS, 1, greedy=True, seed=0)
-    C = gen.spec.max_new_tokens
+    ids = [gen.encode(Prompt(t)) for t in TEXTS]
+    got = gen.sample(ids, 1, greedy=True, seed=0)
+    C = gen.options.max_new_tokens
     for i, text in enumerate(TEXTS):
-        ref = hf_greedy(model, gen.tok, gen.encode(text), C, gen.stop_ids)
+        ref = hf_greedy(model, gen.tok, ids[i], C, gen.stops)
         n = int(got["response_mask"][i].sum())
         assert got["input_ids"][i, got["prompt_len"]:][:n].tolist() == ref, text
-    out = gen.sample(TEXTS, 4, greedy=False, seed=123)
-    from omnigraph.data import SampleBatch
+    out = gen.sample(ids, 4, greedy=False, seed=123)
+    from omnigraph.sdk import SampleBatch
     batch = SampleBatch(0, list(range(len(out["completion"]))), [0] * len(out["completion"]), [0] * len(out["completion"]),
                         {k: out[k] for k in ("input_ids", "attention_mask", "response_mask", "logprob")},
                         {"prompt_len": out["prompt_len"]})
@@ -98,22 +99,22 @@ def test_full_weight_update_matches_transformers():
         # the engine starts from the same checkpoint as the trainer
         before = check_against_trainer(gen, pol, 0.7)
         perturb(pol.model, 0.05)
-        w = sync(1, Weights(version=1))["weights"]
-        gen.apply(w)
+        w = export(spec, sync, 1)
+        gen.load_weights(w)
         assert gen.version == 1
         after = check_against_trainer(gen, pol, 0.7)
         # the update changed what the engine computes (same seed, same prompts)
         assert not torch.equal(before["logprob"], after["logprob"])
         # a second update: the prefix cache of the first must not be reused
         perturb(pol.model, 0.05)
-        gen.apply(sync(2, Weights(version=2))["weights"])
+        gen.load_weights(export(spec, sync, 2))
         check_against_trainer(gen, pol, 0.7)
         # a payload without the tied head (as checkpoints of tied models are saved): the
         # head must follow the new embeddings
         perturb(pol.model, 0.05)
-        w = sync(3, Weights(version=3))["weights"]
+        w = export(spec, sync, 3)
         w.tensors = {k: v for k, v in w.tensors.items() if k != "lm_head.weight"}
-        gen.apply(w)
+        gen.load_weights(w)
         check_against_trainer(gen, pol, 0.7)
     finally:
         shutdown(gen)
@@ -126,9 +127,9 @@ def test_lora_update_matches_transformers_and_peft():
         pol = sync.policy
         for version in (1, 2):
             perturb(pol.model, 0.3, only="lora_")
-            w = sync(version, Weights(version=version))["weights"]
+            w = export(spec, sync, version)
             assert w.payload == "lora"
-            gen.apply(w)
+            gen.load_weights(w)
             assert gen.version == version and gen.lora_request.lora_int_id == version
             check_against_trainer(gen, pol, 1.0)
     finally:
@@ -146,9 +147,9 @@ def test_lora_merged_serving_matches_transformers_and_peft():
         assert gen.merged and gen.lora_request is None
         for version in (1, 2):
             perturb(pol.model, 0.3, only="lora_")
-            w = sync(version, Weights(version=version))["weights"]
+            w = export(spec, sync, version)
             assert w.payload == "lora" and all("lora_" in k for k in w.tensors)
-            gen.apply(w)
+            gen.load_weights(w)
             assert gen.version == version and gen.lora_request is None
             check_against_trainer(gen, pol, 1.0)
     finally:
@@ -156,14 +157,18 @@ def test_lora_merged_serving_matches_transformers_and_peft():
 
 
 def test_generate_step_has_the_hf_backend_fields_and_shapes():
-    from nodes.hf import Generate
+    from omnigraph.executors import build
     spec, sync, gen = make(["task.prompts=4", "task.samples_per_prompt=3", "task.eval_prompts=5"])
+    given, held_out = prompts(spec, 0), build.task_of(spec).eval_set()
     try:
-        out = gen(0, Weights(version=0))["rollout"]
+        out = gen.generate(0, given, Weights(version=0))
+        out.meta["eval"] = gen.evaluate(held_out)
     finally:
         shutdown(gen)
-    ref = Generate("generate", spec.nodes["generate"],
-                   NodeContext("rollout.0", 0, 1, 0, spec, ActorState()))(0, Weights(version=0))["rollout"]
+    hf = build_node(og.load(GRAPHS / "grpo_sync.yaml", ["task.prompts=4", "task.samples_per_prompt=3",
+                                                        "task.eval_prompts=5"]), "generate")[0]
+    ref = hf.generate(0, given, Weights(version=0))
+    ref.meta["eval"] = hf.evaluate(held_out)
     f, C = out.fields, spec.nodes["generate"].max_new_tokens
     B, P = 12, out.meta["prompt_len"]
     assert set(f) == set(ref.fields) and out.meta.keys() == ref.meta.keys()

@@ -1,5 +1,6 @@
-"""Weights over NCCL, the parts that need no GPU: path choice, groups, bucket layout, metadata, and the
-send/receive logic itself over gloo between two CPU processes (tests/test_gpu_multi.py runs it on NCCL)."""
+"""Weights transports, the parts that need no GPU: the path choice (once, in the plan), groups, the NCCL
+bucket layout and metadata, and the send/receive logic itself over gloo between two CPU processes
+(tests/test_gpu_multi.py runs it on NCCL)."""
 
 import os
 import pickle
@@ -11,9 +12,9 @@ import pytest
 import torch
 
 import omnigraph as og
-from omnigraph import weightsync
-from omnigraph.data import Weights
-from omnigraph.weightsync import ALIGN, Entry, choose_path, describe, layout, weight_groups
+from omnigraph.sdk import Weights
+from omnigraph.transports import choose
+from omnigraph.transports.nccl import ALIGN, Entry, Nccl, describe, fetch, layout
 
 from conftest import GRAPHS, ROOT
 
@@ -29,36 +30,48 @@ def spec(*overrides):
     ("0.5", "0.5", "cuda-ipc"), ("1", "0.5", "host"), ("0.5", "1", "host"), ("0", "1", "shm"), ("0", "0", "shm")])
 def test_the_path_follows_the_placement(trainer, rollout, want):
     s = spec(f"pools.trainer.gpus={trainer}", f"pools.rollout.gpus={rollout}")
-    assert choose_path(s, "sync") == want
+    assert choose(s, "sync") == want
+    assert og.compile(s).weights == {"sync": want}          # chosen once, in the plan
 
 
-def test_shm_on_the_weights_edge_or_a_cluster_keeps_weights_off_nccl(tmp_path):
-    text = TWO_GPU.read_text().replace("- sync -> generate: {delay: 1}", "- sync -> generate: {delay: 1, transport: shm}")
+def weights_edge(tmp_path, transport: str):
+    text = TWO_GPU.read_text().replace("- sync -> generate: {delay: 1}",
+                                       f"- sync -> generate: {{delay: 1, transport: {transport}}}")
     (tmp_path / "g.yaml").write_text(text)
-    assert choose_path(og.load(tmp_path / "g.yaml"), "sync") == "device"
+    return tmp_path / "g.yaml"
+
+
+def test_the_weights_edge_names_the_path_and_a_cluster_keeps_weights_off_ipc(tmp_path):
+    assert choose(og.load(weights_edge(tmp_path, "channel")), "sync") == "channel"
+    assert choose(og.load(weights_edge(tmp_path, "host")), "sync") == "host"
     half = spec("pools.trainer.gpus=0.5", "pools.rollout.gpus=0.5", "runtime.address=10.0.0.1:6379")
-    assert choose_path(half, "sync") == "host"          # two hosts: no shared card, no IPC
+    assert choose(half, "sync") == "host"          # two hosts: no shared card, no IPC
+    assert choose(spec("runtime.executor=local"), "sync") == "channel"      # one process: handed over as is
 
 
 def test_plan_sends_weights_over_nccl_and_batches_through_shared_memory():
     plan = og.compile(TWO_GPU)
     remote = {(c.edge.src, c.transport) for c in plan.channels if c.src.actor != c.dst.actor}
     assert remote == {("reward", "shm"), ("sync", "nccl")}
-    assert weight_groups(plan) == {"weights-sync": ["trainer.0", "rollout.0"]}
+    groups = {g.name: list(g.members) for g in plan.groups}
+    assert groups == {"weights-sync": ["trainer.0", "rollout.0"]}
     wide = og.compile(TWO_GPU, overrides=["pools.rollout.actors=2"])
-    assert weight_groups(wide) == {"weights-sync": ["trainer.0", "rollout.0", "rollout.1"]}
+    assert {g.name: list(g.members) for g in wide.groups} == {"weights-sync": ["trainer.0", "rollout.0", "rollout.1"]}
     shared = og.compile(TWO_GPU, overrides=["pools.trainer.gpus=0.5", "pools.rollout.gpus=0.5"])
-    assert weight_groups(shared) == {}
+    assert shared.groups == []
     assert {c.transport for c in shared.channels if c.edge.state and c.src.actor != c.dst.actor} == {"cuda-ipc"}
+    assert "sync -> generate  by nccl" in str(plan) and "weights-sync  nccl weights: trainer.0, rollout.0" in str(plan)
 
 
-def test_nccl_asked_for_where_it_cannot_work_is_a_clear_error(tmp_path):
-    text = TWO_GPU.read_text().replace("- sync -> generate: {delay: 1}", "- sync -> generate: {delay: 1, transport: nccl}")
-    (tmp_path / "g.yaml").write_text(text)
-    og.compile(tmp_path / "g.yaml")                        # whole GPUs: fine
+def test_a_path_asked_for_where_it_cannot_work_is_a_clear_error(tmp_path):
+    og.compile(weights_edge(tmp_path, "nccl"))                        # whole GPUs: fine
     with pytest.raises(og.GraphError, match="transport: nccl on the weights edge") as e:
-        og.compile(tmp_path / "g.yaml", overrides=["pools.rollout.gpus=0.5", "pools.trainer.gpus=0.5"])
+        og.compile(weights_edge(tmp_path, "nccl"), overrides=["pools.rollout.gpus=0.5", "pools.trainer.gpus=0.5"])
     assert "gpus: 1" in str(e.value)
+    with pytest.raises(og.GraphError, match="transport: cuda-ipc .* sharing one GPU"):
+        og.compile(weights_edge(tmp_path, "cuda-ipc"))
+    with pytest.raises(og.GraphError, match="unknown weights transport 'nvlink'"):
+        og.compile(weights_edge(tmp_path, "nvlink"))
 
 
 def test_buckets_cover_every_element_once_aligned_and_bounded():
@@ -97,24 +110,15 @@ def test_the_description_is_small_tied_weights_go_once_and_it_says_nccl():
     assert {e.dtype for e in meta.entries} == {"bfloat16"}
     assert meta.nbytes >= 2 * sum(t.numel() for k, t in state.items() if k != "lm_head.weight")
     assert max(b.nbytes for b in meta.buckets) <= 64 << 10 and len(meta.buckets) > 10
-    w = Weights(3, tensors=meta, payload="full", nbytes=meta.nbytes)
+    w = Weights(3, tensors=meta, payload="full", nbytes=meta.nbytes, path="nccl")
     blob = pickle.dumps(w)
-    assert len(blob) < 32 << 10 and pickle.loads(blob).tensors.pending
+    assert len(blob) < 32 << 10 and pickle.loads(blob).tensors.nbytes == meta.nbytes
     assert "tensors=" in repr(w) and "buckets" in repr(meta)
-
-
-def test_the_trainer_picks_nccl_and_falls_back_in_one_process(monkeypatch):
-    from omnigraph.weightsync import weights_path
-    s = spec()
-    assert weights_path(s, "sync") == "nccl"
-    monkeypatch.setenv("OMNIGRAPH_WEIGHTS_PATH", "host")
-    assert weights_path(s, "sync") == "host"
-    assert weightsync.group("weights-sync") is None        # no group here: Sync sends the pack in-process
 
 
 WORKER = r"""
 import json, sys, torch
-from omnigraph import weightsync
+from omnigraph.transports import groups, nccl as weightsync
 rank, port, bucket, backend = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 dev = "cuda" if backend == "nccl" else "cpu"
 n = 300 if dev == "cpu" else 3000
@@ -123,7 +127,7 @@ big = torch.randn(n, 70)                           # larger than a bucket: split
 src = {"emb": big, "head": big, "norm": torch.randn(70), "steps": torch.arange(9), "lora_A": torch.randn(4, 70)}
 src = {k: v.to(dev) for k, v in src.items()}
 src["head"] = src["emb"]
-g = weightsync.join("t", "127.0.0.1", port, rank, 2, backend=backend)
+g = groups.join("t", "127.0.0.1", port, rank, 2, backend=backend)
 want = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in src.items()}
 if rank == 0:
     meta = weightsync.describe(src, g.name, dtype=torch.bfloat16, bucket_bytes=bucket)
@@ -183,26 +187,39 @@ def test_send_and_receive_between_two_processes_over_gloo():
 def test_weights_arriving_without_a_group_say_what_is_wrong():
     meta = describe({"a": torch.zeros(4)}, "weights-nowhere")
     with pytest.raises(RuntimeError, match="not in that group"):
-        weightsync.fetch(meta)
+        fetch(meta)
+    with pytest.raises(RuntimeError, match="not in that group"):
+        Nccl("sync").arrive(Weights(2, tensors=meta), targets={"a": torch.zeros(4)})
+    with pytest.raises(RuntimeError, match="needs the group the executor forms"):
+        Nccl("sync").export(__import__("omnigraph").sdk.WeightsState({"a": torch.zeros(4)}), 1)
 
 
-def test_the_rollout_takes_nccl_weights_on_arrival_into_its_model_when_the_next_read_is_them():
+def test_the_rollout_takes_nccl_weights_on_arrival_into_its_model_when_the_next_read_is_them(monkeypatch):
+    """The interpreter hands the transport the generator's own tensors when the next read is this value."""
     from types import SimpleNamespace
 
-    from omnigraph.harness import ActorHarness
+    from omnigraph.executors.interpreter import Interpreter
+    from omnigraph.transports import nccl
+
+    seen = []
+    monkeypatch.setattr(nccl, "receive", lambda meta, g, targets: seen.append(targets))
+    monkeypatch.setattr(nccl, "member", lambda name: None)
+    monkeypatch.setattr(nccl, "fetch", lambda meta: {"a": torch.ones(4)})
 
     class Rollout:
-        def receive(self, w):
-            return Weights(w.version, tensors=weightsync.InModel(w.tensors), payload=w.payload)
+        def weight_targets(self, payload):
+            return {"a": torch.zeros(4)}
 
     meta = describe({"a": torch.zeros(4)}, "weights-nowhere")
-    me = SimpleNamespace(nodes={"generate": Rollout()})
-    got = ActorHarness._arrive(me, SimpleNamespace(dst="generate", delay=1), Weights(2, tensors=meta))
-    assert got.version == 2 and got.tensors.in_model and len(got.tensors) == 1
+    me = SimpleNamespace(nodes={"generate": Rollout()}, plan=SimpleNamespace(weights={"sync": "nccl"}),
+                         transport=lambda name: Nccl(name))
+    edge = SimpleNamespace(src="sync", dst="generate", delay=1)
+    got = Interpreter._arrive(me, edge, Weights(2, tensors=meta, path="nccl"))
+    assert got.version == 2 and got.loaded and got.tensors is None and len(seen) == 1
     plain = Weights(3, tensors={"a": torch.zeros(4)})
-    assert ActorHarness._arrive(me, SimpleNamespace(dst="generate", delay=1), plain) is plain
-    with pytest.raises(RuntimeError, match="not in that group"):    # deeper line: into fresh tensors
-        ActorHarness._arrive(me, SimpleNamespace(dst="generate", delay=2), Weights(2, tensors=meta))
+    assert Interpreter._arrive(me, edge, plain) is plain
+    deeper = Interpreter._arrive(me, SimpleNamespace(src="sync", dst="generate", delay=2), Weights(2, tensors=meta))
+    assert not deeper.loaded and torch.equal(deeper.tensors["a"], torch.ones(4)) and len(seen) == 1
 
 
 def test_compiled_graphs_get_no_ray_nccl_hint_between_whole_gpus():
@@ -215,20 +232,22 @@ def test_compiled_graphs_get_no_ray_nccl_hint_between_whole_gpus():
         assert set(ex._transports().values()) == want
 
 
-def test_channels_are_sized_for_what_crosses_them(monkeypatch):
+def test_channels_are_sized_for_what_crosses_them(tmp_path):
     """On one host's CPUs only a /dev/shm file name crosses: the compiled graph's channels stay small; on a
     cluster the weights themselves cross, so every channel buffer must hold them (a channel that grows
     later hangs Ray's teardown)."""
-    from nodes import models
+    from omnigraph import plugins
     from omnigraph.executors.ray_common import MIN_BUFFER, channel_bytes
-    monkeypatch.delenv("OMNIGRAPH_WEIGHTS_PATH", raising=False)
     one_step_off = GRAPHS / "grpo_one_step_off.yaml"
     local = og.compile(og.load(one_step_off, ["model.path=smollm2-135m"]))    # never materialised: not needed
-    assert choose_path(local.graph.spec, "sync") == "shm" and channel_bytes(local) == MIN_BUFFER
+    assert local.weights == {"sync": "shm"} and channel_bytes(local) == MIN_BUFFER
     cluster = og.compile(og.load(one_step_off, ["runtime.address=10.0.0.1:6379"]))
-    weights = models.weight_bytes(models.resolve("tiny", cluster.graph.spec.model.seed))
-    assert choose_path(cluster.graph.spec, "sync") == "host" and channel_bytes(cluster) >= weights
+    model = plugins.model_dir("tiny", cluster.graph.spec.model.seed)
+    weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    assert cluster.weights == {"sync": "host"} and channel_bytes(cluster) >= weights
     tiny = og.compile(og.load(one_step_off))
     assert channel_bytes(tiny) == MIN_BUFFER
-    monkeypatch.setenv("OMNIGRAPH_WEIGHTS_PATH", "host")                       # forced: the tensors cross
-    assert channel_bytes(tiny) >= weights
+    text = one_step_off.read_text().replace("- sync -> generate: {delay: 1}", "- sync -> generate: {delay: 1, transport: host}")
+    (tmp_path / "host.yaml").write_text(text)
+    forced = og.compile(tmp_path / "host.yaml")                                # asked for: the tensors cross
+    assert forced.weights == {"sync": "host"} and channel_bytes(forced) >= weights

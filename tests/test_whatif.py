@@ -6,7 +6,7 @@ import os
 import pytest
 
 from omnigraph.cli import main
-from omnigraph.whatif import steady_medians
+from omnigraph.planning.whatif import steady_medians
 
 from conftest import GRAPHS
 

@@ -1,0 +1,42 @@
+"""Executors: one plan, three ways to run it (the only modules, with the transports, that know Ray).
+
+- ``local``: the plan in one process, deterministically (:mod:`.local`): the reference semantics;
+- ``ray``: the plan compiled into one Ray Compiled Graph (:mod:`.ray_compiled`);
+- ``ray-tasks``: the same program as ordinary actor calls (:mod:`.ray_tasks`).
+
+Each hosts one :class:`~omnigraph.executors.interpreter.Interpreter` per plan actor.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..errors import GraphError
+from ..planning import compile
+from .base import Executor, StepResult
+
+EXECUTORS = {"local": "local:LocalExecutor", "ray": "ray_compiled:RayCompiledExecutor",
+             "ray-tasks": "ray_tasks:RayTasksExecutor"}
+"""Name -> module:class; Ray is imported only when a Ray executor runs (``omnigraph check`` never loads it)."""
+
+
+def make_executor(plan, name: str | None = None, **options) -> Executor:
+    """The executor ``name`` (default: the one the plan was compiled for, ``runtime.executor``). Another
+    executor gets the plan compiled for it: the weights path can depend on it (one process or several)."""
+    if name and name != plan.graph.spec.runtime.executor:
+        plan = for_executor(plan, name)
+    name = plan.graph.spec.runtime.executor
+    if name not in EXECUTORS:
+        raise GraphError(f"unknown executor '{name}'", where="runtime.executor", fix="use ray, ray-tasks or local")
+    module, cls = EXECUTORS[name].split(":")
+    return getattr(importlib.import_module(f".{module}", __name__), cls)(plan, **options)
+
+
+def for_executor(plan, name: str):
+    """``plan`` compiled again for executor ``name`` (the same graph; only choices that depend on it differ)."""
+    if name not in EXECUTORS:
+        raise GraphError(f"unknown executor '{name}'", where="runtime.executor", fix="use ray, ray-tasks or local")
+    return compile(plan.graph.spec, overrides=[f"runtime.executor={name}"])
+
+
+__all__ = ["EXECUTORS", "Executor", "StepResult", "for_executor", "make_executor"]

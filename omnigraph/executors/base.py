@@ -54,18 +54,3 @@ class Executor:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def make_executor(plan, name: str | None = None, **options: Any) -> Executor:
-    name = name or plan.graph.spec.runtime.executor
-    if name == "local":
-        from .local import LocalExecutor
-        return LocalExecutor(plan, **options)
-    if name in ("ray", "ray-tasks"):
-        if name == "ray":
-            from .ray_compiled import RayCompiledExecutor
-            return RayCompiledExecutor(plan, **options)
-        from .ray_tasks import RayTasksExecutor
-        return RayTasksExecutor(plan, **options)
-    from ..errors import GraphError
-    raise GraphError(f"unknown executor '{name}'", where="runtime.executor", fix="use ray, ray-tasks or local")

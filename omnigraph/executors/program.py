@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import Plan, Task
+from ..planning.plan import Plan, Task
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The actor every Ray executor starts: one per plan actor, hosting an ActorHarness.
+"""The actor every Ray executor starts: one per plan actor, hosting an :class:`Interpreter`.
 
 ``exec(inp, op_id, chain, *values)`` runs one operation of the program
 (:mod:`omnigraph.executors.program`) for the step in ``inp = (step, fired)``.
@@ -11,11 +11,16 @@ usable until it is torn down.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import ray
+
 from ..errors import NodeFailure
+from .interpreter import Interpreter
+from .signals import Signals
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,6 @@ class GraphActor:
         self.signals = None
         self._status_fd = None
         if signal_dir:
-            from .signals import Signals
             self.signals = Signals(signal_dir)
             # what this actor is running, readable by the driver even after the process dies
             self._status_fd = os.open(os.path.join(signal_dir, f"status-{actor}"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -42,14 +46,14 @@ class GraphActor:
         _set_threads(plan.actors[actor].cpus)
         self.waits: list[dict[str, Any]] = []
         try:
-            from ..harness import ActorHarness
-            self.harness = ActorHarness(plan, actor)
+            self.interp = Interpreter(plan, actor)
         except NodeFailure as e:                 # reported by ready(), with the node's name
             self.init_error = str(e)
+        except Exception as e:  # noqa: BLE001 - a GraphError (e.g. no CUDA) or a bug: still one clear message
+            self.init_error = str(NodeFailure(actor, -1, e))
 
     # -- classic calls (before the graph starts, or concurrently with it) ----
     def ready(self) -> dict[str, Any]:
-        import ray
         ctx = ray.get_runtime_context()
         return {"pid": os.getpid(), "node_id": ctx.get_node_id(), "error": self.init_error,
                 "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])], "cuda": _cuda_info()}
@@ -63,27 +67,26 @@ class GraphActor:
 
     def finish(self, run_dir: str) -> str | None:
         try:
-            self.harness.finish(run_dir)
+            self.interp.finish(run_dir)
         except NodeFailure as e:
             return str(e)
         return None
 
     def snapshot(self) -> bytes:
-        return self.harness.snapshot_bytes()
+        return self.interp.snapshot_bytes()
 
     def restore(self, blob: bytes) -> None:
-        self.harness.restore_bytes(blob)
+        self.interp.restore_bytes(blob)
 
     def open_store(self, group: str) -> tuple[str, int]:
-        """Rank 0 of a weights group: a TCP store on a free port of this host (omnigraph.weightsync)."""
-        import ray
-        from ..weightsync import open_store
+        """Rank 0 of a process group: a TCP store on a free port of this host (omnigraph.transports.groups)."""
+        from ..transports.groups import open_store
         return open_store(group, ray.util.get_node_ip_address())
 
     def join_group(self, group: str, host: str, port: int, rank: int, world: int, timeout_s: float,
                    backend: str = "nccl") -> str | None:
         """Join a weights or data-parallel group (every member at once); an error comes back as text."""
-        from ..weightsync import join
+        from ..transports.groups import join
         try:
             join(group, host, port, rank, world, timeout_s, backend=backend)
         except Exception as e:  # noqa: BLE001 - reported by the driver with the actor's name
@@ -124,7 +127,7 @@ class GraphActor:
 
     def _compute(self, op, step: int, fired, values) -> Any:
         task = op.task
-        graph = self.harness.plan.graph
+        graph = self.interp.plan.graph
         if op.kind == "run":
             if task.node not in fired:
                 return None
@@ -133,13 +136,13 @@ class GraphActor:
                 if graph.edges[edge].src in fired:
                     inputs[edge] = [v[port] for v in values[k:k + n]]
                 k += n
-            return self.harness.run(task.node, step, inputs)
+            return self.interp.run(task.node, step, inputs)
         edge, port, n = op.inputs[0]
         if graph.edges[edge].src in fired:
             t0 = time.perf_counter()
-            self.harness.stash(edge, step, [v[port] for v in values])
+            self.interp.stash(edge, step, [v[port] for v in values])
             if graph.edges[edge].state:
-                self.harness.records.append({"node": task.node, "actor": self.actor, "step": step, "kind": "apply",
+                self.interp.records.append({"node": task.node, "actor": self.actor, "step": step, "kind": "apply",
                                              "apply_s": time.perf_counter() - t0})
         return None
 
@@ -153,18 +156,17 @@ class GraphActor:
         return None
 
     def _collect(self, failed: Failed | None) -> dict[str, Any]:
-        records = self.harness.pop_records() + self.waits
+        records = self.interp.pop_records() + self.waits
         self.waits = []
         return {"actor": self.actor, "records": records, "failed": failed}
 
 
 def _cuda_info() -> dict[str, Any] | None:
     """The card this actor computes on (None without CUDA): its uuid, name and memory in use."""
-    import sys
     torch = sys.modules.get("torch")          # only when the nodes imported it: never start CUDA here
     if torch is None or not torch.cuda.is_initialized():
         return None
-    from ..tensors import device_uuid
+    from ..transports.pack import device_uuid
     return {"uuid": device_uuid(), "name": torch.cuda.get_device_name(),
             "allocated_gb": round(torch.cuda.memory_allocated() / 1e9, 3),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}

@@ -6,11 +6,18 @@ import os
 import time
 import uuid
 from collections import deque
+from pathlib import Path
 from typing import Any, Iterator
 
+import ray
+
+from .. import plugins
 from ..errors import GraphError, NodeFailure
+from ..transports.pack import remove_shm
 from .base import Executor, StepResult
-from .program import Op, program
+from .program import Op, pipe_names, program
+from .ray_actor import GraphActor
+from .signals import Signals, signal_dir
 
 MIN_BUFFER = 1 << 20
 IN_FLIGHT = 2
@@ -25,21 +32,13 @@ def channel_bytes(plan) -> int:
     tokens = max((getattr(n.spec, "max_new_tokens", 0) for n in plan.graph.nodes.values()), default=0) + 64
     per_sample = tokens * 8 * 6 + 2048          # ids, masks, logprobs... as int64/float, plus texts
     est = samples * per_sample
-    if any(c.edge.state and weights_cross(plan, c.edge.src) for c in plan.channels if c.transport != "local"):
-        from nodes import models
-        est = max(est, models.weight_bytes(models.resolve(spec.model.path, spec.model.seed)))
+    if any(c.edge.state and c.transport in ("host", "channel") for c in plan.channels):
+        model = plugins.model_dir(spec.model.path, spec.model.seed)
+        est = max(est, sum(f.stat().st_size for f in Path(model).glob("*.safetensors")))
     est = int(est * 1.25) + 65536
     if spec.runtime.channel_mb:
         est = int(spec.runtime.channel_mb * (1 << 20))
     return max(MIN_BUFFER, 1 << (est - 1).bit_length())
-
-
-def weights_cross(plan, node: str) -> bool:
-    """Whether the weights ``node`` exports cross a channel as tensors (paths ``host``/``device``); a
-    ``/dev/shm`` file name, a CUDA IPC handle or an NCCL bucket description is a few kB."""
-    from ..weightsync import weights_path
-    n = plan.graph.nodes[node]
-    return n.kind == "sync" and n.backend == "torch" and weights_path(plan.graph.spec, node) in ("host", "device")
 
 
 class RayExecutor(Executor):
@@ -48,7 +47,6 @@ class RayExecutor(Executor):
     uses_waits = False
 
     def start(self) -> None:
-        import ray
 
         spec = self.plan.graph.spec
         self._owns_ray = not ray.is_initialized()
@@ -61,8 +59,6 @@ class RayExecutor(Executor):
         waits = self.uses_waits and self.options.get("waits", True) and not spec.runtime.address
         self.ops: list[Op] = program(self.plan, waits=waits)
         if waits:
-            from .signals import Signals, signal_dir
-            from .program import pipe_names
             self.signals = Signals(signal_dir())
             self.signals.create(pipe_names(self.ops))
         self._check_resources()
@@ -71,16 +67,12 @@ class RayExecutor(Executor):
         self._join_groups()
 
     def _join_groups(self) -> None:
-        """The process groups the plan needs, formed before the first step: weights over NCCL
-        (omnigraph.weightsync) and data-parallel trainer actors (omnigraph.dataparallel). Rank 0 opens a
-        store on a free port of its host, then every member joins at once."""
-        import ray
-        from .. import dataparallel
-        from ..weightsync import weight_groups
-        wanted = {name: (members, "nccl", "weights") for name, members in weight_groups(self.plan).items()}
-        wanted |= {name: (members, backend, "data-parallel training")
-                   for name, (members, backend) in dataparallel.groups(self.plan).items()}
-        for name, (members, backend, what) in wanted.items():
+        """The process groups the plan lists (``Plan.groups``), formed before the first step: weights over
+        NCCL and data-parallel trainer actors. Rank 0 opens a store on a free port of its host, then every
+        member joins at once."""
+        for grp in self.plan.groups:
+            name, members, backend = grp.name, list(grp.members), grp.backend
+            what = "weights" if grp.purpose == "weights" else "data-parallel training"
             host, port = ray.get(self.actors[members[0]].open_store.remote(name), timeout=60)
             refs = [self.actors[a].join_group.remote(name, host, port, i, len(members),
                                                      max(3600.0, 4 * self.timeout), backend)
@@ -102,7 +94,6 @@ class RayExecutor(Executor):
 
     def _check_resources(self) -> None:
         """Fail at once, not after a long wait, when the pools cannot all be placed."""
-        import ray
         want = {key: sum(getattr(a, res) for a in self.plan.actors.values()) for res, key in (("cpus", "CPU"),
                                                                                              ("gpus", "GPU"))}
         deadline = time.monotonic() + 20      # actors killed a moment ago free their resources soon
@@ -118,9 +109,6 @@ class RayExecutor(Executor):
                                  where="pools", fix=f"lower pools.*.{res} or actors, or join a larger cluster (--address)")
 
     def _start_actors(self) -> dict[str, Any]:
-        import ray
-        from .ray_actor import GraphActor
-
         # one call at a time keeps the plan's order; status() runs beside it in its own group
         remote = ray.remote(concurrency_groups={"control": 1})(GraphActor)
         env = {k: v for k, v in os.environ.items() if k.startswith(("OMNIGRAPH_", "NCCL_", "TORCH_NCCL_",
@@ -145,7 +133,6 @@ class RayExecutor(Executor):
         return actors
 
     def _ready(self) -> dict[str, dict[str, Any]]:
-        import ray
         refs = {name: a.ready.remote() for name, a in self.actors.items()}
         names = {r: n for n, r in refs.items()}
         waiting, t0 = list(refs.values()), time.monotonic()
@@ -166,12 +153,12 @@ class RayExecutor(Executor):
         return info
 
     def _loading(self, actor: str) -> str:
-        """What an actor loads while it starts, from its nodes: models, and vLLM engines."""
-        spec = self.plan.graph.spec
-        kinds = [spec.nodes[t.node] for t in self.plan.tasks if t.actor == actor and t.op == "run"]
-        if any(n.kind == "generate" and n.backend == "vllm" for n in kinds):
-            return "model + vLLM engine"
-        return "model" if any(getattr(n, "backend", "") not in ("synthetic", "python") for n in kinds) else "nodes"
+        """What an actor loads while it starts: its nodes' backends, and whether they load the model."""
+        g = self.plan.graph
+        nodes = [g.nodes[t.node] for t in self.plan.tasks if t.actor == actor and t.op == "run"]
+        model = any(n.kind != "custom" and plugins.backend(n.kind, n.backend).uses_model for n in nodes)
+        backends = ", ".join(dict.fromkeys(f"{n.backend} {n.kind}" for n in nodes))
+        return f"model; {backends}" if model else backends
 
     def steps(self, start: int = 0, barrier=None) -> Iterator[StepResult]:
         """Submit steps ahead and yield them in order; before a step where ``barrier(t)`` holds,
@@ -192,12 +179,10 @@ class RayExecutor(Executor):
             yield self._finish(*pending.popleft())
 
     def snapshot(self) -> dict[str, bytes]:
-        import ray
         refs = {n: a.snapshot.options(concurrency_group="control").remote() for n, a in self.actors.items()}
         return dict(zip(refs, ray.get(list(refs.values()), timeout=START_TIMEOUT_S)))
 
     def restore(self, snaps: dict[str, bytes]) -> None:
-        import ray
         ray.get([a.restore.options(concurrency_group="control").remote(snaps[n]) for n, a in self.actors.items()],
                 timeout=START_TIMEOUT_S)
 
@@ -212,7 +197,6 @@ class RayExecutor(Executor):
 
     def check_alive(self, step: int, fired) -> None:
         """Raise a NodeFailure naming the node whose actor process died (e.g. killed, out of memory)."""
-        import ray
         for name, a in self.actors.items():
             try:
                 ray.get(a.status.options(concurrency_group="control").remote(), timeout=5)
@@ -236,7 +220,6 @@ class RayExecutor(Executor):
 
     def hung(self, step: int) -> NodeFailure:
         """The failure to report when a step did not finish in time: the node still running."""
-        import ray
         stuck = []
         for name, a in self.actors.items():
             try:
@@ -255,14 +238,12 @@ class RayExecutor(Executor):
         return StepResult(step=step, fired=fired, records=[r for x in results for r in x["records"]])
 
     def finish(self, run_dir: str) -> None:
-        import ray
         refs = [a.finish.options(concurrency_group="control").remote(run_dir) for a in self.actors.values()]
         for err in ray.get(refs, timeout=START_TIMEOUT_S):
             if err:
                 raise NodeFailure.from_message(err)
 
     def kill_actors(self) -> None:
-        import ray
         for a in getattr(self, "actors", {}).values():
             try:
                 ray.kill(a)
@@ -271,10 +252,8 @@ class RayExecutor(Executor):
         self.actors = {}
 
     def stop(self) -> None:
-        import ray
         self.kill_actors()
         if getattr(self, "shm_tag", None):
-            from ..tensors import remove_shm
             remove_shm(self.shm_tag)
         if self.signals is not None:
             self.signals.remove()

@@ -6,12 +6,12 @@ One execution of the compiled graph is one step. Lowering (DESIGN.md):
   ``chain`` (the previous operation on the same actor) pins each actor's order;
 - a value between actors travels in a compiled-graph channel (shared memory on one
   host). Weights between whole GPUs go over omnigraph's own NCCL group
-  (:mod:`omnigraph.weightsync`): their channel carries only the description, so Ray's
+  (:mod:`omnigraph.transports.nccl`): their channel carries only the description, so Ray's
   NCCL channels (which assert on omnigraph's chained programs in Ray 2.60) are used only
   for a data edge that asks for ``transport: nccl``, and then compiling stops with a
   GraphError saying what to do; weights between pools sharing one GPU cross as a CUDA
-  IPC handle (:mod:`omnigraph.tensors`);
-- delayed edges are the harness's buffers: ``stash`` runs after the consumer's ``run``;
+  IPC handle (:mod:`omnigraph.transports.pack`);
+- delayed edges are the interpreter's buffers: ``stash`` runs after the consumer's ``run``;
 - each actor's ``collect`` is an output of the graph.
 
 The driver keeps two executions in flight, so step ``t + 1`` is submitted while
@@ -21,8 +21,15 @@ Compiled Graphs' submit/get timeouts come from ``runtime.step_timeout_s``.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
+from ray.dag import InputNode, MultiOutputNode
+from ray.exceptions import RayChannelTimeoutError
+
+from ..errors import GraphError
 from .base import StepResult
 from .ray_common import IN_FLIGHT, RayExecutor
 
@@ -37,8 +44,6 @@ class RayCompiledExecutor(RayExecutor):
         self.compiled = self._compile()
 
     def _compile(self):
-        from ray.dag import InputNode, MultiOutputNode
-
         outs: dict[int, Any] = {}
         last: dict[str, Any] = {}
         transports = self._transports()
@@ -57,7 +62,6 @@ class RayCompiledExecutor(RayExecutor):
             # Seen with Ray 2.60 on two H200s: its NCCL scheduling (dag_node_operation) asserts on
             # programs whose operations are chained on each actor, as omnigraph's are.
             if "nccl" in transports.values():
-                from ..errors import GraphError
                 raise GraphError("Ray Compiled Graphs cannot schedule this graph's nccl channels (data edges "
                                  "with transport: nccl)", where="edges",
                                  fix="remove transport: nccl from the data edges (batches are host tensors; "
@@ -88,9 +92,7 @@ class RayCompiledExecutor(RayExecutor):
         return self.compiled.execute((t, tuple(sorted(fired))))
 
     def _finish(self, t: int, fired: frozenset, ref) -> StepResult:
-        from ray.exceptions import RayChannelTimeoutError
         if self.signals is not None:
-            import time
             deadline = time.monotonic() + self.timeout
             missing = [f"done-{a}" for a in self.actors]
             while missing:
@@ -110,7 +112,6 @@ class RayCompiledExecutor(RayExecutor):
         if getattr(self, "hang_seen", False):
             self.kill_actors()      # a hung node would hold teardown() for its whole timeout
         if compiled is not None:
-            import threading
             # teardown() waits for a hung node: give it a few seconds, then kill the actors anyway
             th = threading.Thread(target=_quiet_teardown, args=(compiled,), daemon=True)
             th.start()
@@ -120,7 +121,6 @@ class RayCompiledExecutor(RayExecutor):
 
 def _quiet_teardown(compiled) -> None:
     """Teardown whose complaints (e.g. about actors we already killed) never bury the real error."""
-    import logging
     logger = logging.getLogger("ray.dag.compiled_dag_node")
     level, logger.level = logger.level, logging.CRITICAL
     try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
+
 from .base import StepResult
 from .ray_common import RayExecutor
 
@@ -32,7 +34,6 @@ class RayTasksExecutor(RayExecutor):
         return [refs[op.id] for op in self.ops if op.kind == "collect"]
 
     def _finish(self, t: int, fired: frozenset, refs: list) -> StepResult:
-        import ray
         try:
             results = ray.get(refs, timeout=self.timeout)
         except ray.exceptions.GetTimeoutError:

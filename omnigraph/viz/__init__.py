@@ -43,7 +43,7 @@ from ..errors import GraphError
 from .text import to_ascii, to_dot, to_mermaid
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from ..planning import Plan
 
 TEXT = {"mermaid": to_mermaid, "dot": to_dot, "ascii": to_ascii}
 FORMATS = (*TEXT, "png")
@@ -66,7 +66,7 @@ def render(plan: "Plan", fmt: str, out: str | None = None) -> str | None:
         if out is None:
             raise GraphError("the png format needs a file to write", where="viz",
                              fix="pass out='graph.png' (-o graph.png on the command line)")
-        from .png import graph_png
+        from .png import graph_png      # matplotlib loads only when a picture is asked for
         graph_png(plan, out)
         return None
     raise GraphError(f"unknown format {fmt!r}", where="viz", fix=f"use one of {', '.join(FORMATS)}")
@@ -74,5 +74,5 @@ def render(plan: "Plan", fmt: str, out: str | None = None) -> str | None:
 
 def timeline(plan: "Plan", out: str) -> None:
     """Write the predicted pipeline of ``plan`` (one lane per actor) as a PNG Gantt chart to ``out``."""
-    from .gantt import timeline_png
+    from .gantt import timeline_png     # matplotlib loads only when a picture is asked for
     timeline_png(plan, out)

@@ -1,6 +1,6 @@
 """The unrolled pipeline as a Gantt chart: one lane per actor, one box per task.
 
-The boxes are the predicted schedule (:mod:`omnigraph.predict`) of the first
+The boxes are the predicted schedule (:mod:`omnigraph.planning.predict`) of the first
 few steps, fill included. Each ``generate`` box says the batch it makes and
 the weights version it uses (``gen b3 v2``), each ``update`` box the batch it
 trains and the trainer's version (``upd b2 v2``), both read from the
@@ -22,9 +22,11 @@ from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
 from .text import mode_of  # noqa: E402
 
+from ..planning.predict import predict  # noqa: E402
+
 if TYPE_CHECKING:
-    from ..plan import Plan
-    from ..predict import Box
+    from ..planning import Plan
+    from ..planning.predict import Box
 
 BOX_H = 0.62          # box height, in lanes
 FONT = 8
@@ -35,12 +37,12 @@ TICK = {"apply": ("black", "v", -(BOX_H / 2 + 0.09), "apply weights (no time)"),
 
 def box_labels(plan: "Plan", b: "Box") -> list[str]:
     """The texts for a run box, longest first; the drawing keeps the first that fits."""
-    kind = plan.graph.nodes[b.node].kind
-    if kind == "generate":
+    role = plan.graph.nodes[b.node].role
+    if role == "generator":
         v = {(t, n): v for t, n, v in plan.staleness.generated}.get((b.step, b.node))
         if v is not None:
             return [f"gen b{b.step} v{v}", f"b{b.step} v{v}", f"b{b.step}"]
-    if kind == "update":
+    if role == "trainer":
         tr = next((x for x in plan.staleness.trained if x.step == b.step), None)
         if tr is not None:
             return [f"upd b{tr.batch} v{tr.trainer_version}", f"b{tr.batch} v{tr.trainer_version}",
@@ -52,7 +54,6 @@ def timeline_png(plan: "Plan", out: str, dpi: int = 110) -> None:
     """Draw the predicted schedule of ``plan`` to ``out`` (PNG)."""
     pred = plan.prediction
     if pred is None:
-        from ..predict import predict
         pred = predict(plan)
     actors = list(plan.actors)
     lane = {a: i for i, a in enumerate(actors)}

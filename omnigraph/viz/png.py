@@ -24,7 +24,7 @@ from matplotlib.path import Path  # noqa: E402
 from .text import edge_caption, mode_of, node_caption, pools_of  # noqa: E402
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from ..planning import Plan
 
 DY, H = 1.5, 0.8                   # row pitch and box height (inches; one data unit is one inch)
 LANE = 0.45                        # vertical pitch of the routed (backward / skipping) edges

@@ -6,7 +6,7 @@ stable and tests pin it exactly. A delayed edge is drawn dotted or dashed and
 labelled ``delay d``; the type of the value it carries labels every edge.
 
 >>> from omnigraph.testing import canonical_spec
->>> from omnigraph.compiler import compile
+>>> from omnigraph.planning import compile
 >>> print(to_ascii(compile(canonical_spec("sync"))).splitlines()[-1])
 staleness bound: 0 (max_staleness 1000; sync -> generate delay 1)
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..ir import Edge, Node
-    from ..plan import Plan
+    from ..planning import Plan
 
 # words Mermaid reads as syntax, so they cannot be node ids
 _MERMAID_RESERVED = {"end", "graph", "subgraph", "flowchart", "style", "class", "classDef",

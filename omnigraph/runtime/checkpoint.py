@@ -4,7 +4,7 @@ A checkpoint after step ``t`` is a folder ``RUN_DIR/checkpoints/step-<t>/``::
 
     manifest.json   {"step": t, "graph": <hash of the resolved config>, "files": {name: sha256},
                      "metrics_lines": n, "ledger_lines": m, "timeline_lines": k}
-    <actor>.pkl     each actor's harness snapshot (delay buffers, versions, weights, optimizer, RNG)
+    <actor>.pkl     each actor's interpreter snapshot (delay buffers, versions, weights, optimizer, RNG)
 
 It is written into a temporary folder, every file fsynced, then renamed into
 place, so a crash leaves either the whole checkpoint or none. On load, a
@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import GraphError
+from ..errors import GraphError
 
 
 def graph_hash(config_text: str) -> str:
@@ -78,8 +78,9 @@ def save(run_dir: Path, step: int, graph: str, snapshots: dict[str, bytes], coun
     return final
 
 
-def load_latest(run_dir: Path, graph: str, log=print) -> Checkpoint | None:
-    """The newest checkpoint that verifies; torn or corrupt ones are reported and skipped."""
+def load_latest(run_dir: Path, graph: str, on_damaged=None) -> Checkpoint | None:
+    """The newest checkpoint that verifies; torn or corrupt ones are skipped, each reported to
+    ``on_damaged(name, reason)``."""
     root = Path(run_dir) / "checkpoints"
     for path in sorted((p for p in root.glob("step-*") if p.is_dir()), reverse=True):
         try:
@@ -91,7 +92,8 @@ def load_latest(run_dir: Path, graph: str, log=print) -> Checkpoint | None:
                     raise ValueError(f"{name}: checksum mismatch")
                 snaps[name.removesuffix(".pkl")] = blob
         except (OSError, ValueError, KeyError) as e:
-            log(f"checkpoint {path.name} is damaged ({e}); using the previous one")
+            if on_damaged is not None:
+                on_damaged(path.name, str(e))
             continue
         if manifest["graph"] != graph:
             raise GraphError(f"checkpoint {path} belongs to another graph", where="--resume",

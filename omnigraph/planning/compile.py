@@ -1,20 +1,23 @@
 """``compile``: spec -> validated graph -> staleness proof -> plan.
 
 >>> import omnigraph as og
->>> plan = og.compile(og.load("graphs/grpo_one_step_off.yaml"))   # doctest: +SKIP
->>> plan.bound
-1
+>>> plan = og.compile("graphs/grpo_one_step_off.yaml")
+>>> plan.bound, plan.weights
+(1, {'sync': 'shm'})
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import GraphError
-from .plan import Plan, lower
-from .spec import GraphSpec
-from .staleness import analyse
-from .validate import resolve
+from ..builder import Graph as Builder
+from ..errors import GraphError
+from ..spec import GraphSpec
+from ..staleness import analyse
+from ..validate import resolve
+from ..yamlio import apply_override, load_file, validate_raw
+from .lower import lower
+from .plan import Plan
 
 
 def compile(source, *, cluster: dict[str, float] | None = None,
@@ -34,14 +37,13 @@ def compile(source, *, cluster: dict[str, float] | None = None,
             raise GraphError(msg, where="schedule.max_staleness",
                              fix=f"raise schedule.max_staleness to {report.bound}, lower the delays or sync_every, "
                                  "or set schedule.on_stale: drop|wait to discard/regenerate stale samples")
-        graph.warnings.append(f"{msg}: on_stale {s.on_stale} will {'drop' if s.on_stale == 'drop' else 'regenerate'}"
-                              " the samples that exceed it")
+        what = ("drop the samples that exceed it" if s.on_stale == "drop" else
+                "regenerate the prompt groups that exceed it with the trainer's current weights, on the trainer")
+        graph.warnings.append(f"{msg}: on_stale {s.on_stale} will {what}")
     return lower(graph, report, timings)
 
 
 def to_spec(source, overrides=()) -> GraphSpec:
-    from .builder import Graph as Builder
-    from .yamlio import apply_override, load_file, validate_raw
     if isinstance(source, (str, Path)):
         return load_file(source, overrides)
     if isinstance(source, Builder):

@@ -1,14 +1,16 @@
-"""``print(plan)``: every node, edge, delay, pool, task order and the staleness bound."""
+"""``print(plan)``: every node, edge, delay, pool, task order, weights path and the staleness bound.
+
+The one printer of a plan: ``omnigraph check`` and ``plan.txt`` in every run
+directory are this text.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .plan import Plan
+from ..schedule import Firing
+from ..staleness import hyperperiod
 
 
-def format_plan(plan: "Plan") -> str:
+def format_plan(plan) -> str:
     g, s = plan.graph, plan.graph.spec.schedule
     mode = s.mode + (f" (ahead {s.ahead})" if s.ahead else "")
     out = [f"plan {plan.name}: mode {mode}, sync_every {s.sync_every}, "
@@ -17,7 +19,7 @@ def format_plan(plan: "Plan") -> str:
     for n in g.nodes.values():
         rate = f", every {n.every}" if n.every > 1 else ""
         cost = f", cost {n.spec.cost:g}s" if getattr(n.spec, "cost", None) is not None else ""
-        out.append(f"  {n.name:<14} {n.kind}[{n.backend}] on {n.pool}{rate}{cost}")
+        out.append(f"  {n.name:<14} {n.kind}[{n.backend}] on {n.pool} ({n.role}){rate}{cost}")
     out.append("edges:")
     for e in g.edges:
         out.append(f"  {e.arrow:<40} {e.type:<8} delay {e.delay}")
@@ -31,6 +33,14 @@ def format_plan(plan: "Plan") -> str:
         buf = f", buffer of {c.edge.delay} in {c.dst.actor}" if c.edge.delay else ""
         out.append(f"  {c.src.actor}:{c.edge.src}.{c.edge.src_port} -> {c.dst.actor}:{c.edge.dst}.{c.edge.dst_port}"
                    f"  {c.transport}{buf}")
+    if plan.weights:
+        out.append("weights:")
+        for node, path in plan.weights.items():
+            out.append(f"  {node} -> {', '.join(e.dst for e in g.outputs_of(node) if e.state)}  by {path}")
+    if plan.groups:
+        out.append("process groups (formed before step 0):")
+        for grp in plan.groups:
+            out.append(f"  {grp.name}  {grp.backend} {grp.purpose}: {', '.join(grp.members)}")
     fill_nodes = _partial_steps(plan)
     out.append(f"fill: {fill_nodes[0]}")
     out.append(f"drain: {fill_nodes[1]}")
@@ -45,12 +55,10 @@ def format_plan(plan: "Plan") -> str:
     return "\n".join(out)
 
 
-def _partial_steps(plan: "Plan") -> tuple[str, str]:
+def _partial_steps(plan) -> tuple[str, str]:
     """Describe the first ``fill`` and the last ``fill`` steps, where only part of the graph fires."""
     if plan.fill == 0:
         return "none (no delayed data edge)", "none"
-    from .schedule import Firing
-    from .staleness import hyperperiod
     # the pattern of the first and last steps does not depend on the length of the run
     f = Firing(plan.graph, min(plan.iterations, 2 * plan.fill + hyperperiod(plan.graph)))
     fired = [sorted(f.next()) for _ in range(f.steps)]

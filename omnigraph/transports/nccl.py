@@ -1,4 +1,4 @@
-"""Weights over NCCL: a torch.distributed group from the trainer to every rollout replica.
+"""The ``nccl`` weights path: a torch.distributed group from the trainer to every rollout replica.
 
 When ``sync`` and every consumer of its weights sit on whole GPUs of their
 own (``pools.*.gpus >= 1``), the bytes do not travel through the graph's
@@ -6,11 +6,10 @@ channels at all (Ray 2.60's Compiled Graph NCCL channels assert on our
 programs: FACTS.md). Instead:
 
 - before the first step the executor forms one NCCL group per such ``sync``
-  node (:func:`weight_groups`): rank 0 is the actor that runs ``sync``, ranks
-  1.. the consumer actors; rank 0 opens a TCP store on a free port of its host
-  (:func:`open_store`) and every member joins through it (:func:`join`), all at
-  once, with one warm-up broadcast so the communicator exists before the
-  first sync (lazily, NCCL would block the sender until the receivers join);
+  node (the plan lists them: ``Plan.groups``): rank 0 is the actor that runs
+  ``sync``, ranks 1.. the consumer actors (:mod:`omnigraph.transports.groups`),
+  with one warm-up broadcast so the communicator exists before the first
+  sync (lazily, NCCL would block the sender until the receivers join);
 - ``sync`` describes the tensors once (:func:`describe`: names, shapes, wire
   dtypes, the bucket layout) and :func:`send` broadcasts them bucket by
   bucket: each bucket is cast into one of two reusable buffers of
@@ -18,12 +17,12 @@ programs: FACTS.md). Instead:
   buckets whatever the model's size. The host does not wait for the
   receivers: the broadcasts queue on the GPU;
 - the :class:`NcclWeights` value that travels through the graph carries only
-  that description (a few kB); on each rollout actor the harness calls
-  :func:`receive` when the value arrives (the ``apply`` task), in the order the
-  sender sent, bucket by bucket straight into the model's parameters.
+  that description (a few kB); on each rollout actor the interpreter calls
+  :func:`receive` when the value arrives (the ``apply`` task: :meth:`Nccl.arrive`),
+  in the order the sender sent, bucket by bucket straight into the model's
+  parameters.
 
-Tensors larger than a bucket are split over several buckets. Pure torch: the
-executors call :func:`open_store` and :func:`join` through their actors.
+Tensors larger than a bucket are split over several buckets.
 
 >>> import torch
 >>> meta = describe({"a": torch.zeros(3, 4), "b": torch.zeros(10, dtype=torch.int64), "t": None}, "g",
@@ -36,65 +35,18 @@ executors call :func:`open_store` and :func:`join` through their actors.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Mapping
+
+import torch
+
+from ..sdk import Weights, WeightsState
+from .base import Transport
+from . import weights_group
+from .groups import Group, group, member
 
 ALIGN = 256
 """Byte alignment of every piece in a bucket (any dtype can be viewed there)."""
-
-
-# ---------------------------------------------------------------- which path
-
-def choose_path(spec, node: str) -> str:
-    """How the weights exported by ``node`` reach its consumers: ``nccl``, ``cuda-ipc``, ``device``, ``shm``
-    or ``host``.
-
-    On a CPU trainer pool: ``shm`` on one host (a ``/dev/shm`` file; only its name crosses), ``host`` on a
-    cluster (``runtime.address``: the tensors cross the channel).
-    ``nccl`` when the exporting pool and every consumer's pool have whole GPUs (``gpus >= 1``), the
-    consumers are on other pools and no weights edge asks for ``transport: shm``; ``cuda-ipc`` when all
-    have fractions of one card on one host; ``device`` between whole GPUs otherwise; else ``host``.
-    """
-    pool = spec.nodes[node].pool
-    outs = [e for e in spec.edges if e.src == node and e.dst in spec.nodes]
-    pools = [spec.pools[pool]] + [spec.pools[spec.nodes[e.dst].pool] for e in outs]
-    if pools[0].gpus <= 0:
-        return "host" if spec.runtime.address else "shm"
-    if outs and not spec.runtime.address and all(0 < p.gpus < 1 for p in pools):
-        return "cuda-ipc"
-    if all(p.gpus >= 1 for p in pools):
-        remote = all(spec.nodes[e.dst].pool != pool for e in outs)
-        return "nccl" if outs and remote and all(e.transport != "shm" for e in outs) else "device"
-    return "host"
-
-
-def weights_path(spec, node: str) -> str:
-    """The path ``node``'s weights take at run time: :func:`choose_path`, unless ``OMNIGRAPH_WEIGHTS_PATH``
-    forces one (benchmarks and tests use it to compare paths)."""
-    return os.environ.get("OMNIGRAPH_WEIGHTS_PATH") or choose_path(spec, node)
-
-
-def group_name(node: str) -> str:
-    return f"weights-{node}"
-
-
-def weight_groups(plan) -> dict[str, list[str]]:
-    """The NCCL groups a plan needs: group name -> member actors, the sender first (rank 0)."""
-    from .errors import GraphError
-    groups: dict[str, list[str]] = {}
-    for c in plan.channels:
-        if not (c.edge.state and c.transport == "nccl"):
-            continue
-        members = groups.setdefault(group_name(c.edge.src), [c.src.actor])
-        if c.dst.actor in members:
-            raise GraphError(f"actor {c.dst.actor} would receive the weights of '{c.edge.src}' over NCCL twice "
-                             "(two weights edges into one actor, or into the sender's own actor)",
-                             where=f"edges.{c.edge.src} -> {c.edge.dst}",
-                             fix="send the weights to one node per pool, or set transport: shm on the edge")
-        members.append(c.dst.actor)
-    return groups
 
 
 # ---------------------------------------------------------------- the description
@@ -137,7 +89,7 @@ class NcclWeights:
     aliases: dict[str, str] = field(default_factory=dict)
     """Tied weights: name -> the name whose bytes are sent (once)."""
     path: str = "nccl"
-    pending = True                  # the bytes are still to be received (the harness does it on arrival)
+    pending = True                  # the bytes are still to be received (on arrival)
 
     @property
     def nbytes(self) -> int:
@@ -158,20 +110,7 @@ class NcclWeights:
                 f"of <= {self.bucket_bytes / 1e6:.1f} MB, group {self.group})")
 
 
-class InModel:
-    """The weights of a version already received into the consumer's model (nothing left to load)."""
-
-    in_model = True
-
-    def __init__(self, meta: NcclWeights):
-        self.count, self.nbytes, self.path = len(meta), meta.nbytes, "nccl"
-
-    def __len__(self) -> int:
-        return self.count
-
-
 def _itemsize(dtype: str) -> int:
-    import torch
     return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
 
 
@@ -220,87 +159,6 @@ def describe(tensors: Mapping[str, Any], group: str, *, dtype=None, bucket_bytes
     return NcclWeights(group, tuple(entries), layout(entries, bucket_bytes), aliases)
 
 
-# ---------------------------------------------------------------- the group
-
-_STORES: dict[str, Any] = {}
-_GROUPS: dict[str, "Group"] = {}
-
-
-class Group:
-    """One process's membership of a weights group, with its reusable bucket buffers."""
-
-    def __init__(self, name: str, pg, rank: int, world: int, device, store):
-        self.name, self.pg, self.rank, self.world, self.device = name, pg, rank, world, device
-        self.store = store                  # rank 0 serves the TCP store: keep it alive
-        self.buffers: list[Any] = []
-        self.inflight: dict[int, Any] = {}  # buffer -> its last broadcast (the sender reuses it after that)
-
-    def broadcast(self, tensor):
-        import torch.distributed as dist
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = 0, 0
-        return self.pg.broadcast([tensor], opts)
-
-    def buffer(self, i: int, nbytes: int):
-        import torch
-        while len(self.buffers) <= i:
-            self.buffers.append(None)
-        b = self.buffers[i]
-        if b is None or b.numel() < nbytes:
-            b = self.buffers[i] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return b
-
-
-def open_store(name: str, host: str) -> tuple[str, int]:
-    """On the sender (rank 0): a TCP store on a free port of this host; returns (host, port) to publish."""
-    import torch.distributed as dist
-    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=600))
-    _STORES[name] = store
-    return host, store.port
-
-
-def join(name: str, host: str, port: int, rank: int, world: int, timeout_s: float = 3600.0,
-         backend: str = "nccl") -> Group:
-    """Join group ``name`` (every member at once) and make its communicator with one warm-up broadcast."""
-    import torch
-    import torch.distributed as dist
-    store = _STORES.pop(name, None)
-    if store is None:
-        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=600))
-    prefixed = dist.PrefixStore(f"omnigraph/{name}/", store)
-    if backend == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timedelta(seconds=timeout_s)
-        pg = dist.ProcessGroupNCCL(prefixed, rank, world, opts)
-    else:                                   # gloo: the CPU tests of the same logic
-        device = torch.device("cpu")
-        pg = dist.ProcessGroupGloo(prefixed, rank, world, timedelta(seconds=timeout_s))
-    group = Group(name, pg, rank, world, device, store)
-    probe = torch.full((1,), 7.0 if rank == 0 else 0.0, device=device)
-    group.broadcast(probe).wait()
-    if float(probe) != 7.0:
-        raise RuntimeError(f"weights group {name}: the warm-up broadcast gave {float(probe)} instead of 7")
-    _GROUPS[name] = group
-    return group
-
-
-def group(name: str) -> Group | None:
-    return _GROUPS.get(name)
-
-
-def leave(name: str) -> None:
-    g = _GROUPS.pop(name, None)
-    if g is not None:
-        g.buffers, g.inflight = [], {}
-        abort = getattr(g.pg, "shutdown", None) or getattr(g.pg, "abort", None)
-        if abort is not None:
-            try:
-                abort()
-            except Exception:  # noqa: BLE001 - leaving must not fail
-                pass
-
-
 # ---------------------------------------------------------------- moving the bytes
 
 def _views(buf, bucket: Bucket, sizes: dict[str, tuple[Any, int]]):
@@ -310,15 +168,13 @@ def _views(buf, bucket: Bucket, sizes: dict[str, tuple[Any, int]]):
 
 
 def _dtypes(meta: NcclWeights) -> dict[str, tuple[Any, int]]:
-    import torch
     return {e.name: (getattr(torch, e.dtype), _itemsize(e.dtype)) for e in meta.entries}
 
 
-def send(meta: NcclWeights, tensors: Mapping[str, Any], g: Group) -> None:
+def send(meta: NcclWeights, tensors: Mapping[str, Any], g: Group, fault=None) -> None:
     """Broadcast ``tensors`` as ``meta`` says, from rank 0. Returns once every bucket is queued on the GPU:
     the receivers take them when they get there (their ``apply``), and the next send reuses the buffers
     only after these broadcasts are done."""
-    import torch
     sizes = _dtypes(meta)
     flat = {e.name: tensors[e.name].detach().reshape(-1) for e in meta.entries}
     with torch.no_grad():
@@ -330,12 +186,13 @@ def send(meta: NcclWeights, tensors: Mapping[str, Any], g: Group) -> None:
             for p, view in _views(buf, bucket, sizes):
                 view.copy_(flat[p.name][p.start:p.start + p.numel])
             g.inflight[b] = g.broadcast(buf[:bucket.nbytes])
+            if fault is not None:
+                fault("export")           # some buckets sent, the rest not
 
 
 def receive(meta: NcclWeights, g: Group, targets: Mapping[str, Any]) -> None:
     """Receive the broadcast ``meta`` describes into ``targets`` (name -> contiguous tensor, e.g. the model's
     own parameters), bucket by bucket; returns when the bytes are in place."""
-    import torch
     want, have = set(meta.names()), set(targets)
     if want != have:
         raise RuntimeError(f"weights over NCCL do not match the model: missing here {sorted(want - have)[:5]}, "
@@ -363,7 +220,6 @@ def receive(meta: NcclWeights, g: Group, targets: Mapping[str, Any]) -> None:
 
 def fetch(meta: NcclWeights, g: Group | None = None) -> dict[str, Any]:
     """Receive into fresh tensors (for consumers that load weights later, or a delay line deeper than 1)."""
-    import torch
     g = g or member(meta.group)
     out = {e.name: torch.empty(e.shape, dtype=getattr(torch, e.dtype), device=g.device) for e in meta.entries}
     out |= {a: out[n] for a, n in meta.aliases.items()}
@@ -371,9 +227,31 @@ def fetch(meta: NcclWeights, g: Group | None = None) -> dict[str, Any]:
     return out
 
 
-def member(name: str) -> Group:
-    g = _GROUPS.get(name)
-    if g is None:
-        raise RuntimeError(f"weights arrived over NCCL (group {name}) but this process ({os.getpid()}) is not in "
-                           "that group: the executor forms it before the first step (ray, ray-tasks)")
-    return g
+class Nccl(Transport):
+    """``export`` broadcasts the bytes and returns their description; ``arrive`` receives them."""
+
+    name = "nccl"
+
+    def __init__(self, node, options=None):
+        super().__init__(node, options)
+        self.meta: NcclWeights | None = None
+        self.bucket_bytes = int(getattr(options, "bucket_mb", 256) * (1 << 20))
+
+    def export(self, state: WeightsState, version: int, fault=None) -> Weights:
+        g = group(weights_group(self.node))
+        if g is None:
+            raise RuntimeError(f"{self.node}: the nccl weights path needs the group the executor forms before "
+                               "step 0 (ray and ray-tasks executors)")
+        if self.meta is None:
+            self.meta = describe(state.tensors, g.name, dtype=state.dtype, bucket_bytes=self.bucket_bytes)
+        send(self.meta, state.tensors, g, fault)
+        return Weights(version, tensors=self.meta, payload=state.payload, nbytes=self.meta.nbytes, path=self.name)
+
+    def arrive(self, weights: Weights, targets: Mapping[str, Any] | None = None) -> Weights:
+        meta = weights.tensors
+        if not isinstance(meta, NcclWeights):
+            return weights
+        if targets is not None:
+            receive(meta, member(meta.group), targets)
+            return Weights(weights.version, None, weights.payload, weights.nbytes, self.name, loaded=True)
+        return Weights(weights.version, fetch(meta), weights.payload, weights.nbytes, self.name)

@@ -6,6 +6,11 @@ The runtime appends one JSON line per event to ``ledger.jsonl``::
     {"event": "generated", "group": 17, "step": 2, "version": 1}
     {"event": "trained", "group": 17, "step": 3, "version": 2, "staleness": 1}
     {"event": "dropped", "group": 9, "step": 3, "reason": "stale"}
+    {"event": "regenerated", "group": 21, "step": 6, "version": 5}
+
+(``regenerated``: with ``schedule.on_stale: wait`` a group found staler than
+``max_staleness`` is sampled again with the trainer's current weights before
+it is trained; it is still trained once.)
 
 ``omnigraph ledger RUN_DIR`` reads it back and checks the law of the pipeline:
 every generated group is trained (or dropped, with a reason) exactly once.
@@ -23,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import GraphError
+from ..errors import GraphError
 
 
 def events(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -37,6 +42,9 @@ def events(record: dict[str, Any]) -> list[dict[str, Any]]:
                     "version": record.get("version", 1) - 1, "staleness": record.get("staleness_max")})
     for g in record.get("dropped_groups", []):
         out.append({"event": "dropped", "group": g, "step": record["step"], "reason": "stale"})
+    for g in record.get("regenerated_groups", []):
+        out.append({"event": "regenerated", "group": g, "step": record["step"], "actor": record["actor"],
+                    "version": record.get("version", 1) - 1})
     return out
 
 
@@ -47,6 +55,7 @@ class Summary:
     trained_twice: list[int] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
     lost: int = 0
+    regenerated: int = 0
     unknown: list[int] = field(default_factory=list)
     staleness: dict[int, int] = field(default_factory=dict)
 
@@ -64,6 +73,7 @@ def summarize(lines: Iterable[dict[str, Any]]) -> Summary:
     dropped: Counter[int] = Counter()
     reasons: Counter[str] = Counter()
     staleness: Counter[int] = Counter()
+    regenerated: set[int] = set()
     for e in lines:
         kind = e.get("event")
         if kind == "generated":
@@ -75,11 +85,14 @@ def summarize(lines: Iterable[dict[str, Any]]) -> Summary:
         elif kind == "dropped":
             dropped[e["group"]] += 1
             reasons[e.get("reason", "?")] += 1
+        elif kind == "regenerated":
+            regenerated.add(e["group"])
     handled = trained + dropped
     return Summary(generated=len(generated),
                    trained_once=sum(1 for g, n in trained.items() if n == 1 and not dropped[g]),
                    trained_twice=sorted(g for g, n in handled.items() if n > 1), dropped=dict(reasons),
-                   lost=len(generated - set(handled)), unknown=sorted(set(handled) - generated),
+                   lost=len(generated - set(handled)), regenerated=len(regenerated),
+                   unknown=sorted((set(handled) | regenerated) - generated),
                    staleness=dict(sorted(staleness.items())))
 
 
@@ -106,6 +119,7 @@ def format_summary(s: Summary) -> str:
              f"dropped:                 {drop}",
              f"trained twice:           {len(s.trained_twice)}" + (f" ({s.trained_twice[:10]})" if s.trained_twice else ""),
              f"lost (never trained):    {s.lost}",
+             f"regenerated (stale):     {s.regenerated}",
              f"staleness of trained groups (staleness: groups): {stale}",
              "ledger: OK, every group handled exactly once" if s.ok else "ledger: NOT OK"]
     return "\n".join(lines)

@@ -13,17 +13,18 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-PACKAGES = {"tensorboard": "tensorboard"}
-"""Logger -> the package it needs (``pip install -e '.[tensorboard]'``)."""
-
-
-def missing(name: str) -> str | None:
-    """The package ``name`` needs when it is not installed, else None."""
-    pkg = PACKAGES[name]
-    return pkg if importlib.util.find_spec(pkg) is None else None
+from .. import plugins
 
 
 class TensorBoard:
+    """Registered under ``omnigraph.loggers`` as ``tensorboard``. A logger class is built as
+    ``Cls(run_dir, start_step)`` and gets ``log(row)``, ``flush()``, ``close()``; its ``missing()`` names a
+    package it needs that is not installed (validation reports it before the run)."""
+
+    @staticmethod
+    def missing() -> str | None:
+        return "tensorboard" if importlib.util.find_spec("tensorboard") is None else None
+
     def __init__(self, run_dir: Path, start_step: int):
         from torch.utils.tensorboard import SummaryWriter
         self.dir = Path(run_dir) / "tensorboard"
@@ -42,5 +43,5 @@ class TensorBoard:
         self.writer.close()
 
 
-def make(names: list[str], run_dir: Path, start_step: int) -> list[TensorBoard]:
-    return [{"tensorboard": TensorBoard}[n](run_dir, start_step) for n in dict.fromkeys(names)]
+def make(names: list[str], run_dir: Path, start_step: int) -> list:
+    return [plugins.load("loggers", n, where="runtime.loggers")(run_dir, start_step) for n in dict.fromkeys(names)]

@@ -4,7 +4,7 @@ Each actor runs its tasks in plan order, one step after another; a task
 starts when its actor is free and the tasks it depends on in the same step
 have finished (delayed inputs are already in the actor's buffer). Node costs
 come from measured timings when given, else the node's ``cost``, else a
-default per kind. The steady-state step time is read off a window of whole
+default per role. The steady-state step time is read off a window of whole
 hyperperiods after the fill.
 
 The same schedule is what ``omnigraph viz --timeline`` draws.
@@ -13,16 +13,11 @@ The same schedule is what ``omnigraph viz --timeline`` draws.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from .schedule import Firing
-from .staleness import hyperperiod
+from ..schedule import Firing
+from ..staleness import hyperperiod
 
-if TYPE_CHECKING:
-    from .plan import Plan, Task
-
-DEFAULT_COST = {"generate": 1.0, "reward": 0.05, "old_logprob": 0.2, "ref_logprob": 0.2,
-                "update": 0.5, "sync": 0.05, "custom": 0.1}
+DEFAULT_COST = {"generator": 1.0, "scorer": 0.05, "logprob": 0.2, "trainer": 0.5, "exporter": 0.05, "transform": 0.1}
 STASH_COST = 0.0
 
 
@@ -50,16 +45,16 @@ class Prediction:
         return self.serial_s / self.step_s if self.step_s > 0 else 1.0
 
 
-def node_cost(plan: "Plan", node: str, timings: dict[str, float] | None = None) -> float:
+def node_cost(plan, node: str, timings: dict[str, float] | None = None) -> float:
     n = plan.graph.nodes[node]
     if timings and node in timings:
         return float(timings[node])
     if n.spec is not None and getattr(n.spec, "cost", None) is not None:
         return float(n.spec.cost)
-    return DEFAULT_COST.get(n.kind, 0.1)
+    return DEFAULT_COST.get(n.role, 0.1)
 
 
-def predict(plan: "Plan", timings: dict[str, float] | None = None, steps: int | None = None) -> Prediction:
+def predict(plan, timings: dict[str, float] | None = None, steps: int | None = None) -> Prediction:
     h = hyperperiod(plan.graph)
     window = h * max(1, -(-4 // h))
     n_steps = steps or plan.fill + window + 2
@@ -70,7 +65,7 @@ def predict(plan: "Plan", timings: dict[str, float] | None = None, steps: int | 
     busy = {a: 0.0 for a in plan.actors}
     for t in range(min(n_steps, firing.steps)):
         fired = firing.next()
-        done: dict["Task", float] = {}
+        done: dict = {}
         for task in plan.tasks:
             active = task.node in fired if task.op == "run" else task.edge.src in fired
             if not active:

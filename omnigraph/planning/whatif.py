@@ -14,7 +14,7 @@ actor before it generates and is counted into ``generate``. Costs are taken as
 measured on the run's pools: a schedule that puts more work side by side on
 shared cores or one GPU would see them grow.
 
->>> from omnigraph.whatif import steady_medians
+>>> from omnigraph.planning.whatif import steady_medians
 >>> steady_medians([{"step": 0, "timing_s/a": 9.0}, {"step": 1, "timing_s/a": 1.0},
 ...                 {"step": 2, "timing_s/a": 3.0}], fill=0)
 {'a': 2.0}
@@ -28,8 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import GraphError
-from .runtime import read_jsonl, steady
+from ..errors import GraphError
+from ..ports import ROLE
+from ..records import read_jsonl, steady
+from .compile import compile, to_spec
 
 WAITS = ("gen", "update_weights")
 """``timing_s/`` keys that are not a node's compute (``apply_weights`` is: the rollout's, see :func:`compare`)."""
@@ -95,7 +97,6 @@ def _key(schedule) -> tuple[str, int | None]:
 def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dict[str, Any]]:
     """Node costs from ``run_dir`` and one predicted row per schedule: the graph's own first, then the
     others; the row of the run's own schedule (its ``config.yaml``) carries the measured step time."""
-    from .compiler import compile, to_spec
     rows, summary = read_run(run_dir)
     config = Path(run_dir) / "config.yaml"
     ran = compile(to_spec(config) if config.is_file() else spec)     # the run's fill and schedule
@@ -106,7 +107,7 @@ def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dic
         raise GraphError(f"no node of '{spec.name}' appears in {run_dir}/metrics.jsonl", where="--timings",
                          fix="pass the graph that run was made from (its config.yaml is in the run directory)")
     for name, node in spec.nodes.items():   # the rollout loads new weights on its actor, then generates
-        if node.kind == "generate" and apply_s:
+        if ROLE[node.kind] == "generator" and apply_s:
             timings[name] = timings.get(name, 0.0) + apply_s
     measured = summary.get("s_per_step")
     if measured is None:

@@ -1,36 +1,22 @@
-"""Weights on the move: named tensors packed into one flat buffer, and the path they take.
+"""Named tensors packed into one flat buffer per dtype: what the ``shm``, ``cuda-ipc`` and ``host`` paths carry.
 
-:class:`TensorPack` is what ``sync`` exports when the trainer is on a GPU: a
-read-only mapping ``name -> tensor`` whose tensors are views of one flat buffer
-per dtype (tied weights are stored once). One buffer instead of hundreds of
-tensors makes the export one copy kernel per dtype and the transfer one
-message. How it crosses to another actor is chosen by the sender and named in
-:attr:`TensorPack.path`:
+:class:`TensorPack` is a read-only mapping ``name -> tensor`` whose tensors
+are views of one flat buffer per dtype (tied weights are stored once). One
+buffer instead of hundreds of tensors makes the export one copy kernel per
+dtype and the transfer one message. How it pickles depends on its path:
 
-- ``cuda-ipc``: sender and receivers share one GPU (pools with fractional
-  ``gpus`` on one host). Only a CUDA IPC handle is pickled (a few hundred
-  bytes); the receiver opens it and copies the buffer device to device into
-  memory of its own at once, so the sender's buffer is needed only until
-  then. (Through Ray's channel the tensor would otherwise go GPU -> host ->
-  GPU at ~0.2 GB/s: FACTS.md.)
-- ``device``: the buffer is pickled as a CUDA tensor and the channel carries
-  it (pools of one GPU or more each, on different cards). On Ray 2.60 that
-  runs with the ``ray-tasks`` executor (through the object store, via host
-  memory); Compiled Graphs refuse the nccl channels such pools get.
-- ``shm``: trainer and rollouts on the CPUs of one host. The buffer is a
-  file in ``/dev/shm`` that the sender packs into directly; only its name is
-  pickled, and the receiver maps the same pages (no copy until it loads them
-  into its model). Through the compiled graph's channel a dict of tensors
-  moved at 0.37 GB/s here (pickling, then copies on both sides), a tenth of
-  this path (``bench/weight_sync.py``). The sender keeps its newest packs
-  alive (``Sync`` holds them); a dropped pack deletes its files, and a
-  receiver that mapped them keeps its pages.
-- ``host``: the buffer is copied to host memory once by the sender and
-  travels through the channel's shared memory (receivers without a GPU, or
-  several hosts).
+- ``cuda-ipc``: only a CUDA IPC handle (a few hundred bytes); the receiver
+  opens it and copies the buffer device to device into memory of its own at
+  once, so the sender's buffer is needed only until then. (Through Ray's
+  channel the tensor would otherwise go GPU -> host -> GPU at ~0.2 GB/s.)
+- ``shm``: the buffer is a file in ``/dev/shm`` that the sender packs into
+  directly; only its name is pickled, and the receiver maps the same pages
+  (no copy until it loads them into its model). A dropped pack deletes its
+  files; a receiver that mapped them keeps its pages.
+- ``host``: the buffer itself, in host memory.
 
-Checkpoints must not hold IPC handles: :func:`portable` makes every pack
-pickle as host memory while it is active.
+Checkpoints must not hold IPC handles or file names: ``base.portable()`` makes
+every pack pickle as host memory while it is active.
 
 >>> import torch
 >>> a = torch.arange(6.0).reshape(2, 3)
@@ -43,30 +29,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-PATHS = ("cuda-ipc", "device", "shm", "host")
-_local = threading.local()
+import torch
+
+from .base import portable
+
+PATHS = ("cuda-ipc", "shm", "host")
 _SENT: "weakref.WeakValueDictionary[int, TensorPack]" = weakref.WeakValueDictionary()
-
-
-@contextlib.contextmanager
-def portable():
-    """Within this block every :class:`TensorPack` pickles as host tensors (for checkpoints)."""
-    before = getattr(_local, "portable", False)
-    _local.portable = True
-    try:
-        yield
-    finally:
-        _local.portable = before
 
 
 def device_uuid(index: int | None = None) -> str | None:
     """The physical identity of a visible CUDA device (the same in every process that sees it)."""
-    import torch
     try:
         i = torch.cuda.current_device() if index is None else index
         return str(torch.cuda.get_device_properties(i).uuid)
@@ -90,7 +66,6 @@ class TensorPack(Mapping):
     @classmethod
     def pack(cls, tensors: Mapping[str, Any], *, dtype=None, device=None, path: str = "host") -> "TensorPack":
         """Copy ``tensors`` (cast to ``dtype`` when given) into fresh flat buffers on ``device``."""
-        import torch
         layout: dict[str, tuple[str, tuple[int, ...], int]] = {}
         sizes: dict[str, int] = {}
         seen: dict[tuple, str] = {}
@@ -151,7 +126,7 @@ class TensorPack(Mapping):
     # -- crossing a process boundary -----------------------------------------
     def __reduce__(self):
         on_cuda = any(b.is_cuda for b in self.buffers.values())
-        if getattr(_local, "portable", False) or (self.path == "host" and on_cuda):
+        if portable.active() or (self.path == "host" and on_cuda):
             return TensorPack, ({k: b.cpu() for k, b in self.buffers.items()}, self.layout, "host")
         if self.path == "shm" and getattr(self, "files", None):
             return _open_shm, ({dt: (f, self.buffers[dt].numel()) for dt, f in self.files.items()}, self.layout)
@@ -168,7 +143,6 @@ def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout, sender: tupl
 
     In the sending process itself (CUDA cannot open its own IPC handles) the pack is the original.
     """
-    import torch
     if sender[0] == os.getpid() and sender[1] in _SENT:
         return _SENT[sender[1]]
     buffers = {}
@@ -193,7 +167,6 @@ _SHM_COUNT = [0]
 
 def _shm_buffer(n: int, dt: str):
     """A flat tensor of ``n`` elements backed by a new file in ``/dev/shm`` (``og_file``: its path)."""
-    import torch
     folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     if folder is None:
         raise RuntimeError("the shm weights path needs a writable /dev/shm")
@@ -234,7 +207,6 @@ def _unlink(paths: list[str]) -> None:
 
 def _open_shm(files: dict[str, tuple[str, int]], layout) -> TensorPack:
     """Receiver side of ``shm``: map the sender's files (same host), no copy."""
-    import torch
     buffers = {}
     for dt, (path, n) in files.items():
         if not os.path.exists(path):
@@ -245,22 +217,9 @@ def _open_shm(files: dict[str, tuple[str, int]], layout) -> TensorPack:
 
 
 def _local_index(uuid: str | None) -> int | None:
-    import torch
     if not torch.cuda.is_available():
         return None
     for i in range(torch.cuda.device_count()):
         if uuid is None or device_uuid(i) == uuid:
             return i
     return None
-
-
-def to_device(value: Any, device) -> Any:
-    """Tensors (also inside dicts and lists) moved to ``device``; other values unchanged."""
-    import torch
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, dict):
-        return {k: to_device(v, device) for k, v in value.items()}
-    if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
-        return [to_device(v, device) for v in value]
-    return value

@@ -1,4 +1,9 @@
-"""The reward node: a rule-based function per sample, then GRPO group-normalised advantages.
+"""The reward node (role scorer): a reward function per sample, then GRPO group-normalised advantages.
+
+The function is a registered reward (``fn: digits_match``, entry-point group
+``omnigraph.rewards``) or a dotted path (``fn: my_pkg.rewards:exact``); it is
+called as ``fn(prompt, completion, **meta)`` with the sample's ``target``.
+Backend ``synthetic`` scores an exact match without a function.
 
 Advantages: each sample's reward minus its prompt group's mean, divided by
 the group's standard deviation when ``normalize_std`` is on (plus 1e-6).
@@ -12,8 +17,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from omnigraph.data import SampleBatch
-from omnigraph.validate import load_object
+from omnigraph.sdk import NodeContext, SampleBatch, load
+
 from nodes.synthetic import spend
 
 META_FIELDS = ("target",)
@@ -37,25 +42,25 @@ def grpo_advantages(rewards: list[float], groups: list[int], normalize_std: bool
 
 
 class Reward:
-    def __init__(self, name, spec, ctx):
-        self.spec, self.ctx = spec, ctx
-        self.fn = load_object(spec.fn) if spec.backend == "python" else None
+    def __init__(self, ctx: NodeContext):
+        self.ctx, self.options = ctx, ctx.options
+        self.fn = load("rewards", self.options.fn) if self.options.backend == "python" else None
 
     def _score(self, prompt: str, completion: str, meta: dict) -> float:
         r = float(self.fn(prompt, completion, **meta))
         if not math.isfinite(r):
-            raise ValueError(f"reward function {self.spec.fn} returned {r} for completion {completion!r}")
+            raise ValueError(f"reward function {self.options.fn} returned {r} for completion {completion!r}")
         return r
 
-    def __call__(self, step: int, rollout: SampleBatch) -> dict:
-        spend(self.spec.cost, self.spec.cost_mode)
+    def score(self, step: int, rollout: SampleBatch) -> SampleBatch:
+        spend(self.options.cost, self.options.cost_mode)
         f = rollout.fields
         if self.fn is None:     # synthetic: exact-match score without a user function
             rewards = [float(c.strip() == t) for c, t in zip(f["completion"], f["target"])]
         else:
             metas = [{k: f[k][i] for k in META_FIELDS if k in f} for i in range(len(rollout))]
             rewards = [self._score(p, c, m) for p, c, m in zip(f["prompt"], f["completion"], metas)]
-        adv = grpo_advantages(rewards, rollout.group_ids, self.spec.normalize_std)
+        adv = grpo_advantages(rewards, rollout.group_ids, self.options.normalize_std)
         ev = rollout.meta.pop("eval", None)
         if ev is not None and self.fn is not None:
             scores = [self._score(p, c, {"target": t}) for p, c, t in zip(ev["prompt"], ev["completion"], ev["target"])]
@@ -63,4 +68,4 @@ class Reward:
         mean = sum(rewards) / max(len(rewards), 1)
         self.ctx.log(reward_mean=mean,
                      reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)))
-        return {"batch": rollout.with_fields(reward=rewards, advantage=adv)}
+        return rollout.with_fields(reward=rewards, advantage=adv)

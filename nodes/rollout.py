@@ -1,0 +1,85 @@
+"""What every token generator shares (role generator): prompts in, a batch of sampled completions out.
+
+A backend (``nodes.hf``, ``nodes.vllm_backend``) provides ``tok``,
+``load_weights(weights)`` and ``sample(texts_or_ids, n, greedy=, seed=)``
+returning the fields below; this base turns them into a
+:class:`~omnigraph.sdk.SampleBatch` (first dimension: samples):
+
+- ``input_ids`` ``[B, P + C]``: the prompt left-padded to the batch's longest
+  prompt ``P``, then the completion right-padded to ``C = max_new_tokens``;
+- ``attention_mask`` ``[B, P + C]``; ``response_mask`` ``[B, C]`` (completion
+  tokens up to and including the stop token);
+- ``logprob`` ``[B, C]``: log-probabilities of the sampled tokens under the
+  sampling policy ``softmax(logits / temperature)``, the behaviour policy of
+  the decoupled PPO loss;
+- ``prompt``, ``completion``, ``target`` (texts, for the reward).
+
+``input_ids`` and ``attention_mask`` are prompt-aligned (``meta["prompt_aligned"]``):
+shards from several rollout ranks join with their prompts left-padded alike.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+from omnigraph.sdk import ConfigError, NodeContext, Prompt, SampleBatch, Weights
+
+
+def step_seed(seed: int, step: int, rank: int, salt: str = "gen") -> int:
+    return zlib.crc32(f"{salt}:{seed}:{step}:{rank}".encode())
+
+
+class Rollout:
+    def __init__(self, ctx: NodeContext):
+        self.ctx, self.options = ctx, ctx.options
+        self.version = 0
+
+    def generate(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
+        ctx = self.ctx
+        k = ctx.run.samples_per_prompt
+        t0 = time.perf_counter()
+        out = self.sample([self.encode(p) for p in prompts], k, greedy=False, seed=step_seed(ctx.seed, step, ctx.rank))
+        dt = time.perf_counter() - t0
+        n = len(out["completion"])
+        fields = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
+                  "response_mask": out["response_mask"], "logprob": out["logprob"],
+                  "prompt": [prompts[i // k].text for i in range(n)], "completion": out["completion"],
+                  "target": [prompts[i // k].meta.get("target", "") for i in range(n)]}
+        meta = {"prompt_len": out["prompt_len"], "temperature": self.options.temperature,
+                "prompt_aligned": {"input_ids": self.tok.pad_token_id, "attention_mask": 0}}
+        batch = SampleBatch(step, [prompts[i // k].group for i in range(n)], [weights.version] * n,
+                            [weights.version] * n, fields, meta)
+        ctx.log(response_len=float(out["response_mask"].sum(1).mean()),
+                gen_tokens_per_s=float(out["response_mask"].sum()) / max(dt, 1e-9))
+        return batch
+
+    def evaluate(self, prompts: list[Prompt]) -> dict:
+        """Greedy completions of the held-out prompts, scored later by the reward node."""
+        out = self.sample([self.encode(p) for p in prompts], 1, greedy=True, seed=0)
+        return {"prompt": [p.text for p in prompts], "completion": out["completion"],
+                "target": [p.meta.get("target", "") for p in prompts], "version": self.version}
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids, the same on every backend.
+
+        Plain prompts: bos + the tokenizer's ids for the text (nothing else added). Chat prompts
+        (``prompt.chat``): the model's chat template around the system message and the text, ending with the
+        assistant turn's opening."""
+        tok = self.tok
+        if prompt.chat:
+            if not tok.chat_template:
+                raise ConfigError(f"the task's prompts are chat messages but the tokenizer of "
+                                  f"'{self.ctx.model.name}' has no chat template", where="model.path",
+                                  fix="use an instruct model with a chat template, or a task of plain prompts")
+            msgs = [{"role": "system", "content": prompt.system}] if prompt.system else []
+            text = tok.apply_chat_template(msgs + [{"role": "user", "content": prompt.text}],
+                                           add_generation_prompt=True, tokenize=False)
+            return tok(text, add_special_tokens=False).input_ids
+        return [tok.bos_token_id] + tok(prompt.text, add_special_tokens=False).input_ids
+
+    def stop_ids(self) -> list[int]:
+        """The end-of-sequence token and the option ``stop`` strings (single tokens)."""
+        tok = self.tok
+        return [tok.eos_token_id] + [tok.convert_tokens_to_ids(tok.tokenize(s))[0] for s in self.options.stop
+                                     if tok.tokenize(s)]

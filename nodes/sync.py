@@ -1,0 +1,33 @@
+"""``sync`` (backend ``torch``, role exporter): the trainer's weights as the generators load them.
+
+The full state dict, or the LoRA adapter tensors only (``payload: lora``),
+in the dtype the rollouts hold: bf16 from a mixed-precision trainer (its
+fp32 master weights cast on the way), else as they are. How they travel is
+the plan's choice (``plan.txt``: shm, cuda-ipc, nccl, host or channel); the
+engine's transport carries what :meth:`Sync.state` returns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omnigraph.sdk import NodeContext, WeightsState
+
+from nodes.policy import Policy
+
+
+class Sync:
+    def __init__(self, ctx: NodeContext):
+        self.ctx, self.options = ctx, ctx.options
+        self.payload = ctx.options.payload
+        self.policy = Policy.of(ctx)
+
+    @torch.no_grad()
+    def state(self) -> WeightsState:
+        model = self.policy.model
+        if self.payload == "lora":
+            from peft import get_peft_model_state_dict
+            tensors = get_peft_model_state_dict(model)
+        else:
+            tensors = model.state_dict()
+        return WeightsState(tensors, self.payload, torch.bfloat16 if self.policy.autocast else None)

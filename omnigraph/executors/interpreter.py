@@ -1,0 +1,314 @@
+"""The per-actor interpreter every executor hosts: nodes, delay buffers, weights arrival, the staleness check.
+
+An executor (``local``, ``ray``, ``ray-tasks``) only moves values between
+interpreters and calls their two entry points in plan order:
+
+- ``run(node, step, inputs)``: ``inputs`` maps an edge index to the list of
+  values the producer's ranks made this step (zero-delay edges only); the
+  interpreter adds the values its delay buffers owe this step, gathers and
+  shards streams for its rank, joins branches, calls the node by its role
+  (:mod:`omnigraph.sdk.roles`) and returns its outputs;
+- ``stash(edge, step, values)``: stores this step's value of a delayed edge
+  (for weights: the ``apply`` task, where the transport delivers them).
+
+Because the semantics live here, the same plan gives the same versions,
+staleness and outputs on every executor. A node that fails is re-raised as a
+:class:`NodeFailure` naming the node and the step.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import pickle
+import random
+import time
+from typing import Any
+
+from .. import transports
+from ..errors import NodeFailure, StalenessError
+from ..planning.plan import aligned
+from ..schedule import DelayLine
+from ..sdk import Prompt, SampleBatch, Weights
+from ..transports.base import portable
+from . import build
+from .faults import Faults
+from .regenerate import Regenerator
+
+
+class Interpreter:
+    def __init__(self, plan, actor: str):
+        self.plan = plan
+        self.actor = actor
+        a = plan.actors[actor]
+        self.rank = a.rank
+        self.world = plan.graph.spec.pools[a.pool].actors
+        self.policy_version = 0
+        self.shared: dict[str, Any] = {}
+        self.records: list[dict[str, Any]] = []
+        self.faults = Faults(self.rank)
+        g = plan.graph
+        mine = [n for n in g.topo if any(t.node == n for t in plan.order[actor] if t.op == "run")]
+        self.lines: dict[int, DelayLine] = {
+            e.index: DelayLine(e.delay, e.state, initial=Weights(0) if e.state else None)
+            for e in g.edges if e.dst in mine and (e.delay > 0 or e.state)}
+        self._transports: dict[str, Any] = {}
+        """Exporter -> its weights transport on this actor (made when first used: synthetic policies never do)."""
+        self.versions: dict[str, int] = {}
+        """Generator -> the weights version it holds."""
+        self._task = None
+        self.nodes: dict[str, Any] = {}
+        self.contexts = {}
+        for name in mine:
+            try:
+                self.contexts[name] = build.context(plan, name, actor, self.shared, self.faults.hook(name))
+                self.nodes[name] = build.node_class(g.nodes[name])(self.contexts[name])
+            except NodeFailure:
+                raise
+            except Exception as e:  # noqa: BLE001 - reported with the node's name
+                raise NodeFailure(name, -1, e) from e
+            self.versions[name] = 0
+        self.startup = {name: dict(ctx.metrics) for name, ctx in self.contexts.items() if ctx.metrics}
+        self.regenerate = Regenerator(self) if g.spec.schedule.on_stale == "wait" and g.trainer.name in mine \
+            else None
+
+    @property
+    def task(self):
+        if self._task is None:
+            self._task = build.task_of(self.plan.graph.spec)
+        return self._task
+
+    def prompts(self, step: int, world: int = 1, rank: int = 0) -> list[Prompt]:
+        """The prompts of ``step`` with their group ids (``step * prompts + i``), rank ``rank``'s share."""
+        return build.step_prompts(self.task, step, self.plan.graph.spec.task.prompts, world, rank)
+
+    # -- the two entry points ------------------------------------------------
+    def run(self, node: str, step: int, inputs: dict[int, list[Any]]) -> dict[str, Any]:
+        g = self.plan.graph
+        n = g.nodes[node]
+        values = self._inputs(node, step, inputs)
+        ctx = self.contexts[node]
+        ctx.metrics = self.startup.pop(node, {})        # a node's first record also says how it started
+        ctx.collectives = ctx.collectives or self._collectives(n)
+        record: dict[str, Any] = {"node": node, "actor": self.actor, "step": step}
+        t0 = time.perf_counter()
+        try:
+            if n.role == "trainer":
+                values["batch"] = self._check_staleness(values["batch"], step, record)
+            t0 = time.perf_counter()
+            self.faults.at(node, step)
+            out = self._call(n, step, values, record)
+        except StalenessError:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with the node and step
+            if n.role == "trainer" and self.world > 1:
+                from ..transports.collectives import mark_failed
+                mark_failed(self.actor, f"{node} at step {step}: {type(e).__name__}: {e}")
+            raise NodeFailure(node, step, e) from e
+        record["seconds"] = time.perf_counter() - t0
+        record["t_start"], record["t_end"] = t0, t0 + record["seconds"]
+        record.update(ctx.metrics)
+        self.records.append(record)
+        missing = set(n.outputs) - set(out or {})
+        if missing:
+            raise NodeFailure(node, step, f"returned no value for output(s) {', '.join(sorted(missing))}")
+        return out
+
+    def stash(self, edge: int, step: int, values: list[Any]) -> None:
+        e = self.plan.graph.edges[edge]
+        value = self._gather(e, values)
+        self.lines[edge].push(step, self._arrive(e, value) if e.state else value)
+
+    # -- calling a node by its role --------------------------------------------
+    def _call(self, n, step: int, values: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+        impl = self.nodes[n.name]
+        out_port = next(iter(n.outputs), None)
+        if n.role == "generator":
+            weights = values["weights"]
+            self.load(n.name, impl, weights)
+            prompts = self.prompts(step, self.world, self.rank)
+            batch = impl.generate(step, prompts, weights)
+            _check_rollout(n.name, batch, prompts, weights)
+            record.update(batch=step, weights_version=weights.version, generated_groups=batch.groups)
+            if self._eval_due(n, step) and hasattr(impl, "evaluate"):
+                batch.meta["eval"] = impl.evaluate(self.task.eval_set())
+            return {out_port: batch}
+        if n.role == "scorer":
+            return {out_port: impl.score(step, values[next(iter(n.inputs))])}
+        if n.role == "logprob":
+            return {out_port: impl.logprobs(step, values[next(iter(n.inputs))])}
+        if n.role == "trainer":
+            impl.train(step, values["batch"])
+            self.policy_version += 1
+            record["version"] = self.policy_version
+            return {out_port: Weights(version=self.policy_version)}
+        if n.role == "exporter":
+            return {out_port: self._export(n.name, impl, values["weights"])}
+        return impl(step, **values)
+
+    def load(self, node: str, impl, weights: Weights) -> None:
+        """A generator takes new weights when their version differs from the one it holds."""
+        if weights.version != self.versions.get(node, 0):
+            impl.load_weights(weights)
+            self.versions[node] = weights.version
+
+    def _export(self, node: str, impl, weights: Weights) -> Weights:
+        t0 = time.perf_counter()
+        state = impl.state()
+        if state is None:                                  # a version-only policy (synthetic nodes)
+            return Weights(version=weights.version, payload=getattr(impl, "payload", "full"))
+        out = self.transport(node).export(state, weights.version, fault=self.contexts[node].fault)
+        self.contexts[node].log(sync_bytes=out.nbytes, sync_export_s=time.perf_counter() - t0)
+        return out
+
+    def transport(self, exporter: str):
+        """The weights transport the plan chose for ``exporter`` (sender or receiver side)."""
+        if exporter not in self._transports:
+            g = self.plan.graph
+            self._transports[exporter] = transports.make(self.plan.weights[exporter], exporter, g.nodes[exporter].spec)
+        return self._transports[exporter]
+
+    def _eval_due(self, n, step: int) -> bool:
+        every = getattr(n.spec, "eval_every", 0)
+        last = self.plan.graph.spec.schedule.iterations - 1
+        return self.rank == 0 and bool(every) and (step % every == 0 or step == last)
+
+    def _collectives(self, n):
+        if self.world == 1 or n.role != "trainer" or not any(grp.purpose == "data-parallel" and self.actor in
+                                                             grp.members for grp in self.plan.groups):
+            return None
+        from ..transports.collectives import of   # torch.distributed: only data-parallel trainers load it
+        return of(self.actor, self.world)
+
+    # -- values in -------------------------------------------------------------
+    def _inputs(self, node: str, step: int, inputs: dict[int, list[Any]]) -> dict[str, Any]:
+        ports: dict[str, list[Any]] = {}
+        for e in self.plan.graph.inputs_of(node):
+            if e.index in inputs:
+                value = self._gather(e, inputs[e.index])
+                if e.state:
+                    self.lines[e.index].push(step, self._arrive(e, value))
+                    value = self.lines[e.index].read(step)
+            else:
+                value = self.lines[e.index].read(step)
+            ports.setdefault(e.dst_port, []).append(value)
+        return {p: v[0] if len(v) == 1 else join(node, p, v) for p, v in ports.items()}
+
+    def _arrive(self, e, value: Any) -> Any:
+        """Weights as they arrive: the transport delivers them, straight into the generator's own tensors when
+        the next read of this line is this value (delay <= 1) and the generator offers them."""
+        if e.src not in self.plan.weights or not isinstance(value, Weights) or value.tensors is None:
+            return value
+        node = self.nodes.get(e.dst)
+        targets = None
+        if e.delay <= 1 and hasattr(node, "weight_targets"):
+            targets = node.weight_targets(value.payload)
+        return self.transport(e.src).arrive(value, targets)
+
+    def _gather(self, e, values: list[Any]) -> Any:
+        if e.state or aligned(self.plan.graph, e):
+            return values[0]
+        if all(isinstance(v, SampleBatch) for v in values):
+            return SampleBatch.concat(values).shard(self.rank, self.world)
+        return values[0] if len(values) == 1 else values
+
+    def _check_staleness(self, batch: Any, step: int, record: dict[str, Any]) -> Any:
+        """Measure every sample's staleness and apply ``schedule.on_stale`` to those over the limit."""
+        if not isinstance(batch, SampleBatch):
+            return batch
+        s = self.plan.graph.spec.schedule
+        limit = min(self.plan.bound, s.max_staleness)
+        v = self.policy_version
+        stale = [v - m for m in batch.min_version]
+        record.update(batch=batch.batch_id, trained_groups=batch.groups, staleness_mean=sum(stale) / max(len(stale), 1),
+                      staleness_max=max(stale, default=0), dropped=0, samples=len(batch))
+        over = [i for i, x in enumerate(stale) if x > limit]
+        if not over:
+            return batch
+        if s.on_stale == "error":
+            raise StalenessError(f"batch {batch.batch_id} trained at version {v} has staleness {max(stale)} > "
+                                 f"bound {limit} ({len(over)} of {len(batch)} samples)")
+        if s.on_stale == "drop":
+            stale_idx = set(over)
+            kept = batch.select([i for i in range(len(batch)) if i not in stale_idx])
+            record["dropped"] = len(over)
+            record["trained_groups"] = kept.groups
+            record["dropped_groups"] = sorted(set(batch.group_ids) - set(kept.group_ids))
+            return kept
+        return self.regenerate(batch, step, v, limit, record)
+
+    # -- checkpoints and the end ----------------------------------------------
+    def finish(self, run_dir: str) -> None:
+        """End of the run: nodes that keep something (the trainer's final weights) save it."""
+        for name, node in self.nodes.items():
+            if hasattr(node, "save"):
+                try:
+                    node.save(run_dir)
+                except Exception as e:  # noqa: BLE001 - reported with the node's name
+                    raise NodeFailure(name, -1, e) from e
+
+    def close(self) -> None:
+        for t in self._transports.values():
+            t.close()
+
+    def snapshot_bytes(self) -> bytes:
+        """Everything this actor needs to continue exactly: buffers, versions, node state, RNG."""
+        state = {"actor": self.actor, "policy_version": self.policy_version, "versions": dict(self.versions),
+                 "lines": {i: (line.current, list(line.queue)) for i, line in self.lines.items()},
+                 "nodes": {n: node.state_dict() for n, node in self.nodes.items() if hasattr(node, "state_dict")},
+                 "python_rng": random.getstate()}
+        torch = _torch()
+        if torch is not None:
+            state["torch_rng"] = torch.get_rng_state()
+        buf = io.BytesIO()
+        with portable():            # weights packs as host tensors, never as CUDA IPC handles or file names
+            pickle.dump(state, buf, protocol=pickle.HIGHEST_PROTOCOL)
+        return buf.getvalue()
+
+    def restore_bytes(self, blob: bytes) -> None:
+        state = pickle.loads(blob)
+        if state["actor"] != self.actor:
+            raise RuntimeError(f"checkpoint of actor {state['actor']} given to {self.actor}")
+        self.policy_version = state["policy_version"]
+        self.versions.update(state["versions"])
+        for i, (current, queue) in state["lines"].items():
+            self.lines[i].current = current
+            self.lines[i].queue = collections.deque(queue)
+        for n, sd in state["nodes"].items():
+            self.nodes[n].load_state_dict(sd)
+        random.setstate(state["python_rng"])
+        if "torch_rng" in state:
+            _torch().set_rng_state(state["torch_rng"])
+
+    def pop_records(self) -> list[dict[str, Any]]:
+        out, self.records = self.records, []
+        return out
+
+    def buffered(self) -> dict[int, int]:
+        """Values waiting in each delay buffer (edge index -> count)."""
+        return {i: len(line) for i, line in self.lines.items() if not line.state}
+
+
+def _torch():
+    """torch when a node of this process loaded it (synthetic graphs never import it)."""
+    import sys
+    return sys.modules.get("torch")
+
+
+def join(node: str, port: str, values: list[Any]) -> SampleBatch:
+    if not all(isinstance(v, SampleBatch) for v in values):
+        raise NodeFailure(node, -1, f"input {port} joins {len(values)} branches, but not all are sample batches")
+    return SampleBatch.join(values)
+
+
+def _check_rollout(node: str, batch: Any, prompts: list[Prompt], weights: Weights) -> None:
+    """What the engine relies on: a SampleBatch of the given prompt groups, stamped with its weights."""
+    if not isinstance(batch, SampleBatch):
+        raise TypeError(f"generate() returned a {type(batch).__name__}, not a SampleBatch")
+    want = {p.group for p in prompts}
+    if set(batch.group_ids) != want:
+        raise ValueError(f"the rollout's prompt groups {sorted(set(batch.group_ids))[:6]} are not the ones given "
+                         f"{sorted(want)[:6]}")
+    if any(v > weights.version for v in batch.max_version):
+        raise ValueError(f"samples stamped with versions {max(batch.max_version)} newer than the weights "
+                         f"{weights.version} they were given")

@@ -1,0 +1,102 @@
+"""The run directory and its files.
+
+``<runtime.run_dir>/<name>-<timestamp>/`` holds
+
+- ``config.yaml``: the resolved spec (every default written out);
+- ``plan.txt``: ``print(plan)``;
+- ``metrics.jsonl``: one JSON object per step (:mod:`.metrics`);
+- ``ledger.jsonl``: where every prompt group went (:mod:`.ledger`);
+- ``timeline.jsonl``: the node runs of the first steps (the measured pipeline);
+- ``restarts.jsonl``: each supervised restart with its cause, each resume and
+  each damaged checkpoint skipped;
+- ``checkpoints/``, ``final/``, ``summary.json`` and the plots.
+
+A run never writes outside its directory and never reuses an existing one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import GraphError
+
+
+def new_run_dir(parent: str | Path, name: str) -> Path:
+    parent = Path(parent)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        d = parent / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            d.mkdir(parents=True, exist_ok=False)
+            return d
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise GraphError(f"cannot create the run directory {d}: {e.strerror}", where="runtime.run_dir",
+                             fix="point runtime.run_dir at a writable folder") from None
+    raise GraphError(f"too many runs named {name} this second in {parent}", where="runtime.run_dir")
+
+
+def write_header(out: Path, plan) -> None:
+    """``config.yaml`` and ``plan.txt`` of a new run."""
+    spec = plan.graph.spec
+    (out / "config.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    (out / "plan.txt").write_text(str(plan) + "\n")
+
+
+def config_of(run_dir: str | Path, where: str) -> Path:
+    """The config.yaml a run wrote into its directory."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise GraphError(f"'{run_dir}' is not a run directory (no config.yaml)", where=where,
+                         fix="pass the directory printed by omnigraph run")
+    return path
+
+
+def append(out: Path, name: str, obj: dict[str, Any]) -> None:
+    """One JSON line appended to ``<run dir>/<name>.jsonl`` (rare events: restarts, resumes)."""
+    with open(out / f"{name}.jsonl", "a") as f:
+        f.write(json.dumps(obj) + "\n")
+
+
+class RunFiles:
+    """The run's append-only JSON-lines files, with their line counts (checkpoints record them)."""
+
+    NAMES = ("metrics", "ledger", "timeline")
+
+    def __init__(self, out: Path, counts: dict[str, int] | None):
+        self.out = out
+        if counts is not None:                 # resuming: cut what came after the checkpoint
+            for name in self.NAMES:
+                _truncate_lines(out / f"{name}.jsonl", counts.get(f"{name}_lines", 0))
+        self.counts = {n: _count_lines(out / f"{n}.jsonl") for n in self.NAMES}
+        self.f = {n: open(out / f"{n}.jsonl", "a") for n in self.NAMES}
+
+    def write(self, name: str, obj: dict) -> None:
+        self.f[name].write(json.dumps(obj) + "\n")
+        self.counts[name] += 1
+
+    def flush(self) -> None:
+        for f in self.f.values():
+            f.flush()
+            os.fsync(f.fileno())
+
+    def close(self) -> None:
+        for f in self.f.values():
+            f.close()
+
+
+def _count_lines(path: Path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def _truncate_lines(path: Path, n: int) -> None:
+    if path.exists():
+        lines = path.read_text().splitlines(keepends=True)[:n]
+        path.write_text("".join(lines))

@@ -1,0 +1,159 @@
+"""The run loop under supervision: start the actors, step, checkpoint, and restart on failure.
+
+``run(plan)`` creates the run directory (:mod:`.rundir`), prepares the model
+once, then runs *attempts*: one life of the actors each. When a node fails or
+an actor's process dies, the actors are torn down, started again and the run
+resumes from the newest checkpoint that verifies (from the start without
+one), at most ``runtime.max_restarts`` times; each restart is logged with its
+cause in ``restarts.jsonl`` (as are resumes and damaged checkpoints skipped);
+then the error stops the run.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import plugins
+from ..errors import GraphError, NodeFailure
+from ..executors import for_executor, make_executor
+from . import checkpoint as ckpt
+from .ledger import events
+from .loggers import make as make_loggers
+from .metrics import step_metrics, summary
+from .progress import Progress
+from .rundir import RunFiles, append, new_run_dir, write_header
+
+TIMELINE_STEPS = 16
+"""Node runs of the first steps go to timeline.jsonl, for the measured pipeline picture."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    wall_s: float
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None, progress: bool = True,
+        console=None, resume: str | Path | None = None) -> RunResult:
+    """Run ``plan`` (on ``executor``, default ``runtime.executor``); with ``resume`` (a run directory) continue
+    it from its newest good checkpoint."""
+    spec = plan.graph.spec
+    if executor and executor != spec.runtime.executor:
+        plan = for_executor(plan, executor)                 # the weights path may differ
+    if resume is None:
+        out = new_run_dir(run_dir or spec.runtime.run_dir, spec.name)
+        write_header(out, plan)
+    else:
+        out = Path(resume)
+    graph_id = ckpt.graph_hash((out / "config.yaml").read_text())
+    bar = Progress(plan, enabled=progress, console=console)
+    restarts: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    with bar:
+        if any(plugins.backend(n.kind, n.backend).uses_model for n in plan.graph.nodes.values() if n.kind != "custom"):
+            bar.status("preparing the model")
+            plugins.model_dir(spec.model.path, spec.model.seed, log=bar.log)
+        while True:
+            os.environ["OMNIGRAPH_ATTEMPT"] = str(len(restarts))
+            try:
+                rows = _attempt(plan, out, graph_id, bar, t0, resume=resume is not None or bool(restarts))
+                break
+            except NodeFailure as e:
+                if len(restarts) >= spec.runtime.max_restarts:
+                    if restarts:
+                        raise NodeFailure(e.node, e.iteration, f"{e.detail} (after {len(restarts)} restart(s))") from e
+                    raise
+                restarts.append({"event": "restart", "attempt": len(restarts) + 1, "cause": str(e), "node": e.node,
+                                 "step": e.iteration, "time": round(time.perf_counter() - t0, 3)})
+                append(out, "restarts", restarts[-1])
+                bar.log(f"restart {len(restarts)}/{spec.runtime.max_restarts}: {e}")
+    wall = time.perf_counter() - t0
+    result = summary(plan, rows, wall, out)
+    result["restarts"] = restarts
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    return RunResult(run_dir=out, steps=len(rows), wall_s=wall, metrics=rows, summary=result)
+
+
+def _restore_point(out: Path, graph_id: str, bar) -> ckpt.Checkpoint | None:
+    """The newest checkpoint that verifies; each damaged one skipped is reported and logged."""
+    def damaged(name: str, reason: str) -> None:
+        append(out, "restarts", {"event": "checkpoint_damaged", "checkpoint": name, "reason": reason})
+        (bar.log if bar.enabled else print)(f"checkpoint {name} is damaged ({reason}); using the previous one")
+    point = ckpt.load_latest(out, graph_id, on_damaged=damaged)
+    append(out, "restarts", {"event": "resume", "checkpoint": point.path.name if point else None,
+                             "from_step": point.step + 1 if point else 0})
+    return point
+
+
+def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> list[dict[str, Any]]:
+    """One life of the actors: start, restore the newest checkpoint (when resuming), run, save."""
+    spec = plan.graph.spec
+    restart = _restore_point(out, graph_id, bar) if resume else None
+    start = restart.step + 1 if restart else 0
+    files = RunFiles(out, restart.manifest if restart else ({} if resume else None))
+    ex = make_executor(plan, on_status=bar.status)
+    loggers = make_loggers(spec.runtime.loggers, out, start)
+    every = spec.checkpoint.every
+    barrier = (lambda t: bool(every) and 0 < t < plan.steps and t % every == 0) if every else None
+    rows: list[dict[str, Any]] = []
+    try:
+        bar.status(f"starting {ex.name} executor: actors, models")
+        ex.start()
+        if restart:
+            bar.log(f"resuming from {restart.path.name}: continuing at step {start}")
+            ex.restore(restart.snapshots)
+        bar.skip(start)
+        bar.status("first step")
+        last = time.perf_counter()
+        for result in ex.steps(start, barrier=barrier):
+            now = time.perf_counter()
+            row = step_metrics(result, now - t0, now - last, plan)
+            last = now
+            rows.append(row)
+            files.write("metrics", row)
+            for r in result.records:
+                if result.step < TIMELINE_STEPS and "t_start" in r:
+                    files.write("timeline", {k: r[k] for k in ("node", "actor", "step", "t_start", "t_end")})
+                for e in events(r):
+                    files.write("ledger", e)
+            files.flush()
+            for lg in loggers:
+                lg.log(row)
+                lg.flush()
+            bar.advance(row)
+            if barrier and barrier(result.step + 1):
+                bar.status(f"checkpoint after step {result.step}")
+                ckpt.save(out, result.step, graph_id, ex.snapshot(), dict(files.counts), spec.checkpoint.keep)
+        bar.status("saving final weights")
+        ex.finish(str(out))
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise GraphError(f"cannot write to the run directory: {e.strerror}", where=str(out),
+                             fix="free disk space, then continue with omnigraph run --resume "
+                                 f"{out} (everything up to the last checkpoint is intact)") from None
+        raise
+    finally:
+        _quietly(files.close)
+        for lg in loggers:
+            _quietly(lg.close)
+        _quietly(ex.stop)
+    return rows
+
+
+def _quietly(fn) -> None:
+    """Clean-up that must not replace the error that is already on its way out."""
+    import sys
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        if sys.exc_info()[0] is None:
+            print(f"warning: clean-up failed: {type(e).__name__}: {e}", file=sys.stderr)

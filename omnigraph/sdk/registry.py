@@ -1,0 +1,38 @@
+"""Finding what a package registered: ``load(group, name)`` and ``load("module:attr")``.
+
+A node that names another plugin (a reward function by name, a task) looks it
+up here; the engine's registry (``omnigraph.plugins``) builds on the same
+table and turns a miss into an error that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+
+@functools.lru_cache(maxsize=None)
+def table(group: str) -> dict[str, EntryPoint]:
+    """Name -> entry point of ``omnigraph.<group>`` (the first registration of a name; the engine reports
+    two packages registering one name differently)."""
+    out: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=f"omnigraph.{group}"):
+        out.setdefault(ep.name, ep)
+    return out
+
+
+def load(group: str, ref: str) -> Any:
+    """A registered name in ``omnigraph.<group>`` or a dotted path ``package.module:attr``; LookupError if
+    neither resolves."""
+    if ":" in ref:
+        module, _, attr = ref.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise LookupError(f"cannot load '{ref}': {type(e).__name__}: {e}") from e
+    ep = table(group).get(ref)
+    if ep is None:
+        raise LookupError(f"nothing is registered as '{ref}' under omnigraph.{group}")
+    return ep.load()

@@ -1,0 +1,110 @@
+"""Weights transports: how ``sync``'s weights reach the generators. One protocol, several paths.
+
+=============  ====================================================================================
+path           when, and what crosses the graph's channel
+=============  ====================================================================================
+``shm``        the CPUs (or GPUs) of one host: the trainer packs the weights into a ``/dev/shm``
+               file; only its name crosses, the rollout maps the same pages
+``cuda-ipc``   pools sharing one GPU: only a CUDA IPC handle crosses; the receiver copies device
+               to device
+``nccl``       trainer and rollouts on whole GPUs of their own: a torch.distributed group carries
+               the bytes in bounded buckets; the channel carries only their description
+``host``       anywhere (a cluster of hosts): one flat buffer in host memory crosses the channel
+``channel``    the tensors as they are (CPU or CUDA) cross the channel; in one process (the
+               ``local`` executor) the snapshot is handed over as it is
+=============  ====================================================================================
+
+The compiler chooses the path once per exporter (:func:`choose`): the weights
+edge's ``transport`` when it names one (and the placement allows it), else the
+fastest the placement allows. ``plan.txt`` prints the choice and every actor
+uses exactly that one. Each path is a class registered under the
+``omnigraph.transports`` entry-point group (a plugin can add one and name it on
+the edge) with two methods (:class:`base.Transport`): ``export`` on the
+trainer, ``arrive`` on each receiver.
+
+>>> from omnigraph.testing import canonical_spec
+>>> choose(canonical_spec("one_step_off", executor="ray"), "sync")
+'shm'
+"""
+
+from __future__ import annotations
+
+from .. import plugins
+from ..errors import GraphError
+
+BUILT_IN = ("shm", "cuda-ipc", "nccl", "host", "channel")
+
+
+def choose(spec, node: str) -> str:
+    """The path the weights exported by ``node`` take (see the module docstring); a GraphError names the
+    weights edge when it asks for a path the placement cannot give."""
+    pool = spec.pools[spec.nodes[node].pool]
+    outs = [e for e in spec.edges if e.src == node and e.dst in spec.nodes]
+    consumers = [spec.pools[spec.nodes[e.dst].pool] for e in outs if spec.nodes[e.dst].pool in spec.pools]
+    asked = sorted({e.transport for e in outs} - {"auto"})
+    local = spec.runtime.executor == "local"
+    one_host = not spec.runtime.address
+    if len(asked) > 1:
+        raise GraphError(f"the weights of '{node}' are asked to travel by {' and '.join(asked)}", where=f"nodes.{node}",
+                         fix="name one transport on all its weights edges, or none (auto)")
+    if asked:
+        path = asked[0]
+        why = _infeasible(path, spec, node, pool, consumers, outs, local, one_host)
+        if why:
+            e = next(e for e in outs if e.transport == path)
+            raise GraphError(f"transport: {path} on the weights edge {e.arrow}: {why}", where=f"edges.{e.arrow}",
+                             fix="remove transport (auto picks the fastest path the placement allows) or change "
+                                 "the pools")
+        return path
+    if local:
+        return "channel"             # one process: the snapshot is handed over as it is
+    if pool.gpus <= 0:
+        return "shm" if one_host else "host"
+    if outs and one_host and all(0 < p.gpus < 1 for p in [pool] + consumers):
+        return "cuda-ipc"
+    if all(p.gpus >= 1 for p in [pool] + consumers):
+        remote = all(spec.nodes[e.dst].pool != spec.nodes[node].pool for e in outs)
+        return "nccl" if outs and remote else "channel"
+    return "host"
+
+
+def _infeasible(path, spec, node, pool, consumers, outs, local, one_host) -> str | None:
+    if path == "nccl":
+        if local:
+            return "the local executor runs every actor in one process (use ray or ray-tasks)"
+        whole = [pool] + consumers
+        if not all(p.gpus >= 1 for p in whole):
+            return (f"needs the pools of '{node}' and its receivers on whole GPUs of their own (gpus: 1; here "
+                    f"{', '.join(f'{p.gpus:g}' for p in whole)})")
+        if any(spec.nodes[e.dst].pool == spec.nodes[node].pool for e in outs):
+            return "a receiver shares the sender's pool (NCCL needs one GPU per rank)"
+        pools = [spec.nodes[e.dst].pool for e in outs]
+        if len(set(pools)) < len(pools):
+            return "several receivers on one pool: each actor can take one broadcast per sync"
+    if path == "cuda-ipc" and not (one_host and all(0 < p.gpus < 1 for p in [pool] + consumers)):
+        return "needs sender and receivers sharing one GPU of one host (fractional gpus, no runtime.address)"
+    if path == "shm" and not one_host:
+        return "needs sender and receivers on one host (no runtime.address)"
+    if path not in BUILT_IN:
+        if not plugins.has("transports", path):
+            raise plugins.unknown("transports", path, f"edges (weights of {node})")
+    return None
+
+
+def weights_group(node: str) -> str:
+    """The NCCL group that carries the weights of exporter ``node``."""
+    return f"weights-{node}"
+
+
+def pool_group(pool: str) -> str:
+    """The process group of a data-parallel pool."""
+    return f"dp-{pool}"
+
+
+def pool_backend(gpus: float) -> str:
+    return "nccl" if gpus >= 1 else "gloo"
+
+
+def make(path: str, node: str, options=None):
+    """The transport object for ``path`` (sender or receiver side), through the registry."""
+    return plugins.load("transports", path, where=f"nodes.{node}")(node, options)
