@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load, load_file, save_file
+from transformers import AutoTokenizer
 
 from omnigraph.sdk import NodeContext, Weights
 
@@ -145,7 +147,6 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> int:
 
     ``save_file`` writes straight to the file: into ``/dev/shm`` as fast as a memcpy
     (2.6 GB/s here), where ``save`` (to bytes) and then writing took 4.5x as long."""
-    from safetensors.torch import save_file
     tmp = path.with_suffix(".tmp")
     seen, out = set(), {}
     for k, v in tensors.items():            # a tied weight once (the loader re-ties the head)
@@ -177,10 +178,8 @@ class WeightLoader:
         unties a tied output head: tie it again and let the head process its weight."""
         t0 = time.perf_counter()
         if isinstance(source, (str, os.PathLike)):
-            from safetensors.torch import load_file
             tensors = load_file(str(source))
         elif isinstance(source, (bytes, bytearray, memoryview)):
-            from safetensors.torch import load
             tensors = load(bytes(source))
         else:
             tensors = source
@@ -210,7 +209,6 @@ class VllmGenerate(Rollout):
         spec, name = self.options, ctx.name
         self.name = name
         self.path = ctx.model.dir
-        from transformers import AutoTokenizer
         self.tok = AutoTokenizer.from_pretrained(self.path)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
@@ -277,7 +275,6 @@ class VllmGenerate(Rollout):
         All of them: vLLM's ``reload_weights`` rebuilds the model from what it is given (layers left
         out come back empty), so the base weights stay in this process for the next merge."""
         if self._base is None:
-            from safetensors.torch import load_file
             self._base = {}
             for f in sorted(self.path.glob("*.safetensors")):
                 self._base.update(load_file(str(f)))

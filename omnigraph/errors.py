@@ -11,6 +11,8 @@ schedule.sync_every: must be >= 1 (fix: set it to 1 or more)
 
 from __future__ import annotations
 
+import re
+
 
 class GraphError(ValueError):
     """A graph, its YAML or its schedule is invalid. The message says where and how to fix it."""
@@ -80,7 +82,6 @@ class NodeFailure(RuntimeError):
     @classmethod
     def from_message(cls, message: str) -> "NodeFailure":
         """Rebuild from ``str(failure)`` (what crosses a process boundary)."""
-        import re
         m = re.match(r"node (\S+) failed at iteration (-?\d+): (.*)", message, re.S)
         if not m:
             return cls("?", -1, message)

@@ -19,7 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from .errors import GraphError, GraphErrors
-from .spec import GraphSpec
+from .spec import NODE_KINDS, GraphSpec
 
 MAX_BYTES = 1_000_000
 MAX_DEPTH = 32
@@ -162,7 +162,6 @@ def _translate(err: dict, source: str, lines: dict[tuple, int]) -> GraphError:
         return GraphError(f"unknown field '{field}'", where=where, line=line, source=source,
                           fix=f"remove '{field}' or correct its spelling")
     if kind == "union_tag_invalid" or kind == "union_tag_not_found":
-        from .spec import NODE_KINDS
         return GraphError(f"{msg}", where=where, line=line, source=source,
                           fix=f"set kind to one of: {', '.join(NODE_KINDS)}")
     if kind == "missing":
@@ -174,7 +173,6 @@ def _translate(err: dict, source: str, lines: dict[tuple, int]) -> GraphError:
 
 def _clean_loc(loc: tuple) -> tuple:
     """Drop pydantic's union-tag and validator entries: ``nodes.update.update.lr`` -> ``nodes.update.lr``."""
-    from .spec import NODE_KINDS
     loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
     if len(loc) > 2 and loc[0] == "nodes" and loc[2] in NODE_KINDS:
         loc = loc[:2] + loc[3:]

@@ -22,6 +22,7 @@ import collections
 import io
 import pickle
 import random
+import sys
 import time
 from typing import Any
 
@@ -291,7 +292,6 @@ class Interpreter:
 
 def _torch():
     """torch when a node of this process loaded it (synthetic graphs never import it)."""
-    import sys
     return sys.modules.get("torch")
 
 

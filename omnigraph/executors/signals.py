@@ -20,6 +20,7 @@ processes of one host; across hosts the executor falls back to Ray's own
 waiting.
 
 >>> import tempfile
+import time
 >>> box = Signals(tempfile.mkdtemp())
 >>> box.create(["a"])
 >>> box.signal("a"); box.wait("a", timeout=1.0)
@@ -75,7 +76,6 @@ class Signals:
 
     def wait_all(self, names: list[str], timeout: float | None) -> list[str]:
         """Wait for one signal on each pipe; return the names still silent after ``timeout``."""
-        import time
         deadline = None if timeout is None else time.monotonic() + timeout
         missing = []
         for name in names:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,7 +152,6 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
 
 def _quietly(fn) -> None:
     """Clean-up that must not replace the error that is already on its way out."""
-    import sys
     try:
         fn()
     except Exception as e:  # noqa: BLE001

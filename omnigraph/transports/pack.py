@@ -28,6 +28,7 @@ every pack pickle as host memory while it is active.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import weakref
 from collections.abc import Mapping
@@ -182,7 +183,6 @@ def _shm_buffer(n: int, dt: str):
 
 def _remove_orphans(folder: str) -> None:
     """Weights files whose writer is gone (killed before it could clean up): RAM nobody will free."""
-    import glob
     for path in glob.glob(os.path.join(folder, "omnigraph-weights-*")):
         try:
             pid = int(os.path.basename(path).split("-")[-3])
@@ -195,7 +195,6 @@ def _remove_orphans(folder: str) -> None:
 
 def remove_shm(tag: str) -> None:
     """Delete every weights file made under ``tag`` (an executor's actors, after they stopped)."""
-    import glob
     _unlink(glob.glob(f"/dev/shm/omnigraph-weights-{tag}-*"))
 
 
