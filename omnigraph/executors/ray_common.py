@@ -51,6 +51,8 @@ class RayExecutor(Executor):
         spec = self.plan.graph.spec
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
+            if not spec.runtime.address:        # a local cluster of this process's own, on loopback
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             ray.init(address=spec.runtime.address or "local", include_dashboard=False, logging_level="ERROR",
                      log_to_driver=True, configure_logging=False)
         self.timeout = float(spec.runtime.step_timeout_s)

@@ -20,7 +20,6 @@ processes of one host; across hosts the executor falls back to Ray's own
 waiting.
 
 >>> import tempfile
-import time
 >>> box = Signals(tempfile.mkdtemp())
 >>> box.create(["a"])
 >>> box.signal("a"); box.wait("a", timeout=1.0)
@@ -33,6 +32,7 @@ import os
 import select
 import shutil
 import tempfile
+import time
 
 
 def signal_dir() -> str:
