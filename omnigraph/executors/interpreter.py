@@ -94,9 +94,8 @@ class Interpreter:
         record: dict[str, Any] = {"node": node, "actor": self.actor, "step": step}
         t0 = time.perf_counter()
         try:
-            if n.role == "trainer":
+            if n.role == "trainer":         # a regeneration (on_stale: wait) counts into the trainer's time
                 values["batch"] = self._check_staleness(values["batch"], step, record)
-            t0 = time.perf_counter()
             self.faults.at(node, step)
             out = self._call(n, step, values, record)
         except StalenessError:
