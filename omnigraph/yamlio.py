@@ -1,8 +1,11 @@
 """Load and dump graph YAML: safe loading, line numbers, ``key.path=value`` overrides.
 
-YAML is only ever loaded with ``yaml.SafeLoader``: tags such as
-``!!python/object`` are errors, never code. Every error names the file and
-line it is about:
+YAML is only ever loaded safely (``yaml.CSafeLoader``, libyaml's parser, where
+PyYAML has it; ``yaml.SafeLoader`` otherwise): tags such as ``!!python/object``
+are errors, never code. Loading is bounded before anything walks the
+document: at most 1 MB of text, 100,000 values once aliases are expanded
+(a "billion laughs" of nested aliases is refused in linear time, not walked)
+and 32 levels of nesting. Every error names the file and line it is about:
 
 >>> load_text("nodes: {update: {kind: update, pool: trainer, lr: -1}}", "g.yaml")
 Traceback (most recent call last):
@@ -23,6 +26,13 @@ from .spec import NODE_KINDS, GraphSpec
 
 MAX_BYTES = 1_000_000
 MAX_DEPTH = 32
+MAX_NODES = 100_000
+"""The most values (scalars, keys, lists and mappings) a document may hold once its aliases are expanded:
+a real graph has a few hundred."""
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader where PyYAML was built with it: it parses a megabyte in about a second, the
+pure-Python one in tens of seconds. Both are safe; their syntax-error wording differs."""
 
 
 def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> GraphSpec:
@@ -47,43 +57,135 @@ def load_text(text: str, source: str = "<yaml>", overrides: list[str] | tuple[st
 
 
 def parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
-    """Parse safely; return the document and a map from key paths to line numbers."""
+    """Parse safely; return the document and a map from key paths to line numbers.
+
+    The text is composed once into a node graph, whose size (aliases expanded) and depth are
+    measured before anything walks it; the document is then constructed from the same nodes.
+    """
+    if len(text) > MAX_BYTES:
+        raise GraphError(f"the YAML is {len(text)} characters, more than {MAX_BYTES}", source=source)
+    lines: dict[tuple, int] = {}
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        data = _load(text, source, lines)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        line = mark.line + 1 if mark else None
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        ctx, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
-        if ctx and cmark is not None and cmark.line + 1 != line:
-            problem += f" ({ctx} started on line {cmark.line + 1})"
-        fix = "use plain YAML: mappings, lists, strings and numbers (tags like !!python/... are refused)" \
-            if "tag" in str(e) or "constructor" in str(e) else "check the indentation and quoting on that line"
-        raise GraphError(f"invalid YAML: {problem}", line=line, source=source, fix=fix) from None
+        raise _yaml_error(e, source) from None
     except RecursionError:
         raise GraphError("the YAML nests too deeply", source=source) from None
+    except UnicodeError as e:       # a lone surrogate in a str handed to load_text
+        raise GraphError(f"the YAML is not valid text: {e}", source=source, fix="save the file as UTF-8") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise GraphError(f"the document must be a mapping of fields, not {type(data).__name__}",
                          source=source, line=1, fix="start from graphs/grpo_one_step_off.yaml")
-    if _depth(data) > MAX_DEPTH:
-        raise GraphError(f"the YAML nests more than {MAX_DEPTH} levels deep", source=source)
-    lines: dict[tuple, int] = {}
-    if node is not None:
-        _index_lines(node, (), lines)
     return data, lines
 
 
-def _depth(x: Any, d: int = 0) -> int:
-    if d > MAX_DEPTH:
-        return d
-    if isinstance(x, dict):
-        return max((_depth(v, d + 1) for v in x.values()), default=d + 1)
-    if isinstance(x, list):
-        return max((_depth(v, d + 1) for v in x), default=d + 1)
-    return d
+def _load(text: str, source: str, lines: dict[tuple, int] | None = None) -> Any:
+    """Compose once, check the node graph's size, fill ``lines``, construct from the same nodes."""
+    # libyaml counts the parse events of a megabyte in ~0.2 s without building anything, where composing
+    # it takes seconds: a document of more events than MAX_NODES values can make is refused unbuilt
+    if hasattr(_Loader, "raw_parse") and _Loader(text).raw_parse() > 2 * MAX_NODES + 4:
+        raise _too_many(source)
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_size(node, source)
+        if lines is not None:
+            _index_lines(node, (), lines)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _yaml_error(e: yaml.YAMLError, source: str) -> GraphError:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    line = mark.line + 1 if mark else None
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    ctx, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if ctx and cmark is not None and cmark.line + 1 != line:
+        problem += f" ({ctx} started on line {cmark.line + 1})"
+    fix = "use plain YAML: mappings, lists, strings and numbers (tags like !!python/... are refused)" \
+        if "tag" in str(e) or "constructor" in str(e) else "check the indentation and quoting on that line"
+    return GraphError(f"invalid YAML: {problem}", line=line, source=source, fix=fix)
+
+
+def _check_size(root: yaml.Node, source: str) -> None:
+    """Refuse a composed document that would expand to more than MAX_NODES values or nest more than
+    MAX_DEPTH levels, or whose aliases refer to themselves (``&a [*a]``).
+
+    An alias is the very node its anchor names, so the node graph is a DAG (a cycle for a recursive
+    alias) and a "billion laughs" has few nodes but an exponential expansion. Each list and mapping is
+    measured once (memoised by identity, iteratively: no recursion limit), so a bomb is refused in
+    time linear in its text. Depth is counted like the data's: a scalar is 0, a list or mapping 1 + its
+    deepest item.
+    """
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_: set[int] = set()     # lists and mappings on the path being measured: meeting one inside itself is a cycle
+    written = 0                 # the items of the distinct lists and mappings: what composing built
+    stack = [root] if isinstance(root, _COLLECTIONS) else []
+    while stack:
+        node = stack[-1]
+        key = id(node)
+        if key in open_:                                    # back from its items: measure it
+            stack.pop()
+            open_.discard(key)
+            n = size[key] = 1 + sum(size.get(id(x), 1) for x in _items(node))     # a scalar is 1
+            d = depth[key] = _depth(node, depth)
+            if n > MAX_NODES:
+                raise GraphError(f"the YAML expands to more than {MAX_NODES} values: aliases (*name) repeat "
+                                 "values that hold more aliases, and the repeats multiply (nine levels of nine "
+                                 "aliases are 9^9 = 387420489 values)", source=source,
+                                 line=node.start_mark.line + 1, fix="write the document without repeated aliases")
+            if d > MAX_DEPTH:
+                raise GraphError(f"the YAML nests more than {MAX_DEPTH} levels deep", source=source,
+                                 line=node.start_mark.line + 1)
+            continue
+        if key in size:                                     # measured already: an alias met again
+            stack.pop()
+            continue
+        items = _items(node)
+        written += len(items)
+        if written > MAX_NODES:
+            raise _too_many(source, node.start_mark.line + 1)
+        open_.add(key)
+        for x in items:
+            if isinstance(x, _COLLECTIONS) and id(x) not in size:
+                if id(x) in open_:
+                    raise GraphError("the YAML refers to itself: an alias (*name) inside the value of its own "
+                                     "anchor (&name) repeats forever", source=source, line=x.start_mark.line + 1,
+                                     fix="remove the alias, or point it at a value defined before it")
+                stack.append(x)
+
+
+_COLLECTIONS = (yaml.MappingNode, yaml.SequenceNode)
+
+
+def _depth(node: yaml.Node, depth: dict[int, int]) -> int:
+    """A list's or mapping's nesting, its items measured: 1 + its deepest item's (a scalar's is 0). A merge
+    (``<<: *base`` or ``<<: [*a, *b]``) puts the merged mappings' keys in this one: one level up."""
+    if isinstance(node, yaml.SequenceNode):
+        return 1 + max((depth.get(id(x), 0) for x in node.value), default=0)
+    d = 0
+    for k, v in node.value:
+        dv = depth.get(id(v), 0)
+        if k.tag == "tag:yaml.org,2002:merge":
+            dv -= 1 if isinstance(v, yaml.MappingNode) else 2 if isinstance(v, yaml.SequenceNode) else 0
+        d = max(d, depth.get(id(k), 0), dv)
+    return 1 + d
+
+
+def _too_many(source: str, line: int | None = None) -> GraphError:
+    return GraphError(f"the YAML holds more than {MAX_NODES} values", source=source, line=line,
+                      fix="a graph needs a few hundred: shorten the long lists")
+
+
+def _items(node: yaml.Node) -> list[yaml.Node]:
+    """A list's items; a mapping's keys and values."""
+    return [x for pair in node.value for x in pair] if isinstance(node, yaml.MappingNode) else node.value
 
 
 def _index_lines(node: yaml.Node, path: tuple, out: dict[tuple, int]) -> None:
@@ -109,8 +211,8 @@ def apply_override(raw: dict, item: str) -> dict:
     if not all(parts):
         raise GraphError(f"override '{item}': empty key", fix="e.g. schedule.iterations=10")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
+        value = _load(text, f"override '{item}'") if text.strip() else ""
+    except (yaml.YAMLError, UnicodeError):
         value = text
     target: Any = raw
     for i, part in enumerate(parts):

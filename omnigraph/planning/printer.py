@@ -23,6 +23,13 @@ def format_plan(plan) -> str:
     out.append("edges:")
     for e in g.edges:
         out.append(f"  {e.arrow:<40} {e.type:<8} delay {e.delay}")
+    joins = {}
+    for e in g.edges:
+        joins.setdefault((e.dst, e.dst_port), []).append(e.src)
+    for (node, port), srcs in joins.items():
+        if len(srcs) > 1:
+            out.append(f"  join {node}.{port} <- {', '.join(srcs)}: the same batch from each, fields merged, "
+                       "the oldest version counts")
     out.append("actors (tasks in order):")
     for name, a in plan.actors.items():
         res = f"cpus={a.cpus:g} gpus={a.gpus:g}"
