@@ -1,175 +1,261 @@
-"""Fault benchmark: inject failures into real runs and check that no prompt group is lost or trained twice.
+"""Fault benchmark: faults in the middle of real work and kills from outside, each seen to fire and seen to
+be recovered from.
 
-Faults (each in its own run of ``graphs/synthetic_one_step_off.yaml`` on the ``ray``
-executor, with ``checkpoint.every=3`` and ``runtime.max_restarts=2``):
+Every fault runs in its own supervised run (``runtime.max_restarts=2``, checkpoints every 3 steps, the
+``ray`` executor) and counts as
 
-- an exception raised in each node kind (generate, reward, old_logprob, update, sync);
-- the rollout actor's process killed mid-generation, the trainer's mid-update (``os._exit``);
-- the newest checkpoint corrupted before a ``--resume``.
+- *observed* only when ``restarts.jsonl`` records a restart whose cause names it (the injected fault's
+  node, step and point, or the killed actor); for the damaged checkpoint, when the run reports it
+  damaged and resumes from the previous one;
+- *survived* only when it was observed and the ledger is intact: every generated prompt group trained
+  exactly once, as many as an undisturbed run trains.
 
-Each run's ledger must equal an undisturbed run's: every group trained exactly once.
-Then an interrupted real training run (the tiny model, ``local`` executor) is resumed
-and compared with an uninterrupted one (metrics and final weights, bit for bit), and
-mutated YAML documents go through ``omnigraph check --json`` looking for tracebacks.
+The faults:
+
+- an exception raised as each node kind starts (synthetic graph: fast);
+- inside the work, on the real tiny model: in generation's token loop, between the backward pass and the
+  optimizer step (the process exits there), in the middle of a weight export (the process exits after
+  packing, before the hand-over), inside the vLLM engine's sampler (when vLLM is installed);
+- SIGKILL of a random actor's process at a random moment, from outside (not through the hook);
+- the newest checkpoint damaged before ``--resume``.
+
+Then exact resume (interrupted real training, resumed, compared bit for bit with an uninterrupted run)
+on ``local`` and ``ray``; ``on_stale: wait`` on ``ray`` (async ahead 3, ``max_staleness`` 1); and
+mutated YAML documents through ``omnigraph check --json`` under a per-document time limit.
 
     python bench/faults.py [--quick]
 
-Prints a table, then one JSON line (last).
+Prints a table, then one JSON line (last), and saves it under bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
+import importlib.util
 import json
 import os
 import random
+import re
+import signal
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 os.chdir(ROOT)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a local, loopback-only cluster
 
+import psutil  # noqa: E402
+
 import omnigraph as og  # noqa: E402
 from omnigraph.errors import NodeFailure  # noqa: E402
-from omnigraph.ledger import read  # noqa: E402
+from omnigraph.records import read_jsonl  # noqa: E402
 from omnigraph.runtime import run  # noqa: E402
+from omnigraph.runtime.ledger import read  # noqa: E402
 
 SYNTH = ROOT / "graphs" / "synthetic_one_step_off.yaml"
-BASE = ["schedule.iterations=10", "checkpoint.every=3", "runtime.max_restarts=2", "nodes.generate.cost=0.05",
-        "nodes.update.cost=0.05"]
+REAL = ROOT / "graphs" / "grpo_one_step_off.yaml"
+BASE = ["checkpoint.every=3", "runtime.max_restarts=2"]
+SYNTH_OVER = BASE + ["schedule.iterations=10", "nodes.generate.cost=0.05", "nodes.update.cost=0.05"]
+REAL_OVER = BASE + ["schedule.iterations=24", "nodes.generate.eval_every=0"]
 
 
-def synth_run(out: Path, fault: str | None, extra=()) -> dict:
-    if fault:
-        os.environ["OMNIGRAPH_INJECT"] = fault
+def supervised(graph: Path, overrides: list[str], out: Path, inject: str | None = None,
+               kill: tuple[int, float] | None = None) -> dict:
+    """One supervised run on ``ray``; ``inject``: OMNIGRAPH_INJECT; ``kill``: (seed, latest second) for a SIGKILL
+    of a random actor at a random moment once the run has passed its first checkpoint."""
+    killed: dict = {}
+    stop = threading.Event()
+    if inject:
+        os.environ["OMNIGRAPH_INJECT"] = inject
+    if kill:
+        threading.Thread(target=_killer, args=(out, *kill, killed, stop), daemon=True).start()
     try:
-        res = run(og.compile(SYNTH, overrides=BASE + list(extra)), run_dir=out, executor="ray", progress=False)
+        res = run(og.compile(graph, overrides=overrides), run_dir=out, executor="ray", progress=False)
+        error = None
+    except NodeFailure as e:
+        res, error = None, str(e)
     finally:
         os.environ.pop("OMNIGRAPH_INJECT", None)
-    return {"ledger": read(res.run_dir), "restarts": len(res.summary["restarts"]), "dir": res.run_dir}
+        stop.set()
+    (d,) = out.iterdir()
+    return {"dir": d, "events": read_jsonl(d / "restarts.jsonl"), "ledger": read(d), "error": error,
+            "killed": killed, "steps": res.steps if res else None}
 
 
-def corrupt_and_resume(out: Path) -> dict:
+def _killer(out: Path, seed: int, latest_s: float, killed: dict, stop: threading.Event) -> None:
+    """Wait until the run has checkpointed once, then SIGKILL a random actor process after a random delay."""
+    rng = random.Random(seed)
+    while not stop.is_set():
+        metrics = list(out.glob("*/metrics.jsonl"))
+        if metrics and len(read_jsonl(metrics[0])) >= 4:
+            break
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0.0, latest_s))
+    actors = {}
+    for p in psutil.process_iter(["pid"]):
+        try:
+            name = p.environ().get("OMNIGRAPH_ACTOR")
+        except (psutil.Error, OSError):
+            continue
+        if name:
+            actors[name] = p.pid
+    if stop.is_set() or not actors:
+        return
+    name = rng.choice(sorted(actors))
+    os.kill(actors[name], signal.SIGKILL)
+    killed.update(actor=name, pid=actors[name], at=time.time())
+
+
+def judged(r: dict, cause: str, expected_groups: int) -> dict:
+    restarts = [e for e in r["events"] if e.get("event") == "restart"]
+    observed = any(re.search(cause, e["cause"]) for e in restarts)
+    s = r["ledger"]
+    intact = s.ok and s.generated == s.trained_once == expected_groups
+    return {"observed": observed, "survived": observed and intact and r["error"] is None, "restarts": len(restarts),
+            "causes": [e["cause"][:120] for e in restarts], "generated": s.generated, "trained": s.trained_once,
+            "lost": s.lost, "twice": len(s.trained_twice)}
+
+
+def corrupt_and_resume(out: Path, expected_groups: int) -> dict:
     os.environ["OMNIGRAPH_INJECT"] = "update@8:raise"
     try:
-        run(og.compile(SYNTH, overrides=BASE[:2] + ["runtime.max_restarts=0"] + BASE[3:]), run_dir=out,
-            executor="ray", progress=False)
+        run(og.compile(SYNTH, overrides=SYNTH_OVER + ["runtime.max_restarts=0"]), run_dir=out, executor="ray",
+            progress=False)
     except NodeFailure:
         pass
     finally:
         os.environ.pop("OMNIGRAPH_INJECT", None)
     (d,) = out.iterdir()
-    newest = sorted((d / "checkpoints").iterdir())[-1]
+    newest, previous = sorted((d / "checkpoints").iterdir())[-2:][::-1]
     victim = next(newest.glob("*.pkl"))
     victim.write_bytes(b"torn" + victim.read_bytes()[4:])
     run(og.compile(d / "config.yaml"), resume=d, executor="ray", progress=False)
-    return {"ledger": read(d), "restarts": 1, "dir": d}
+    events = read_jsonl(d / "restarts.jsonl")
+    reported = any(e.get("event") == "checkpoint_damaged" and e["checkpoint"] == newest.name for e in events)
+    resumed = [e for e in events if e.get("event") == "resume"]
+    skipped = reported and resumed and resumed[-1]["checkpoint"] == previous.name
+    s = read(d)
+    ok = s.ok and s.generated == s.trained_once == expected_groups
+    return {"observed": bool(skipped), "survived": bool(skipped) and ok, "restarts": 0,
+            "causes": [f"{newest.name} reported damaged, resumed from {previous.name}" if skipped else "not reported"],
+            "generated": s.generated, "trained": s.trained_once, "lost": s.lost, "twice": len(s.trained_twice)}
 
 
-def resume_bit_exact(tmp: Path) -> bool:
+def resume_bit_exact(tmp: Path, executor: str) -> bool:
     import torch
     from safetensors.torch import load_file
-    over = ["schedule.iterations=8", "checkpoint.every=3", "nodes.generate.eval_every=0"]
-    plan = og.compile(ROOT / "graphs" / "grpo_one_step_off.yaml", overrides=over)
-    a = run(plan, run_dir=tmp / "a", executor="local", progress=False).run_dir
+    over = ["schedule.iterations=8", "checkpoint.every=3", "nodes.generate.eval_every=0", f"runtime.executor={executor}"]
+    plan = og.compile(REAL, overrides=over)
+    a = run(plan, run_dir=tmp / "a", progress=False).run_dir
     os.environ["OMNIGRAPH_INJECT"] = "update@6:raise"
     try:
-        run(plan, run_dir=tmp / "b", executor="local", progress=False)
+        run(plan, run_dir=tmp / "b", progress=False)
     except NodeFailure:
         pass
     finally:
         os.environ.pop("OMNIGRAPH_INJECT", None)
     (b,) = (tmp / "b").iterdir()
-    run(og.compile(b / "config.yaml"), resume=b, executor="local", progress=False)
+    run(og.compile(b / "config.yaml"), resume=b, progress=False)
     keys = ("reward_mean", "staleness_max", "version", "loss", "grad_norm", "entropy")
-    rows = [[{k: r.get(k) for k in keys} for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
-            for d in (a, b)]
+    rows = [[{k: r.get(k) for k in keys} for r in read_jsonl(d / "metrics.jsonl")] for d in (a, b)]
     wa, wb = (load_file(d / "final" / "model.safetensors") for d in (a, b))
     return rows[0] == rows[1] and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def fuzz(cases: int, tmp: Path) -> tuple[int, int]:
-    """Mutated copies of the shipped graphs through ``omnigraph check --json``: count escaped exceptions."""
-    from omnigraph.cli import main
-    sources = [p.read_text() for p in (ROOT / "graphs").glob("*.yaml")]
-    nasty = ["-1", "1e309", "99999999999999999999", "null", "[]", "{}", "'\u00e9\u2603'", "!!python/object:os.system",
-             "&a [*a]", "true", "'a -> a'", "[[[[[[[[]]]]]]]]", "{delay: -1}", "\t"]
-    rng = random.Random(0)
-    tracebacks = 0
-    path = tmp / "fuzz.yaml"
-    for _ in range(cases):
-        lines = rng.choice(sources).splitlines()
-        for _ in range(rng.randint(1, 3)):
-            i = rng.randrange(len(lines))
-            op = rng.randrange(4)
-            if op == 0:
-                del lines[i]
-            elif op == 1 and ":" in lines[i]:
-                lines[i] = lines[i].split(":")[0] + ": " + rng.choice(nasty)
-            elif op == 2:
-                j = rng.randrange(len(lines[i]) + 1)
-                lines[i] = lines[i][:j] + rng.choice("{}[]:-#\"é ") + lines[i][j:]
-            else:
-                lines.insert(i, lines[rng.randrange(len(lines))])
-            lines = lines or [""]
-        path.write_text("\n".join(lines))
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                main(["check", str(path), "--json"])
-        except Exception:  # noqa: BLE001 - what we count
-            tracebacks += 1
-    return cases, tracebacks
+def on_stale_wait(tmp: Path) -> tuple[int, int]:
+    over = ["schedule.ahead=3", "schedule.max_staleness=1", "schedule.on_stale=wait", "schedule.iterations=8",
+            "checkpoint.every=null"]
+    res = run(og.compile(ROOT / "graphs" / "grpo_async.yaml", overrides=over), run_dir=tmp, executor="ray",
+              progress=False)
+    assert read(res.run_dir).ok
+    return res.summary["observed_max_staleness"], res.summary["regenerated_samples"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer fuzz cases")
+    ap.add_argument("--quick", action="store_true", help="fewer kills and fuzz cases")
+    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/")
     args = ap.parse_args()
     import ray
+
+    from fuzzcheck import fuzz
     ray.init(address="local", include_dashboard=False, logging_level="ERROR", configure_logging=False)
-    results = {}
+    synth_groups = 10 * 8
+    real_groups = 24 * 16
+    results: dict[str, dict] = {}
+    kinds: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         try:
-            ref = synth_run(tmp / "ref", None)["ledger"]
-            faults = {f"raise in {n}": f"{n}@5:raise" for n in ("generate", "reward", "old_logprob", "update", "sync")}
-            faults["kill rollout mid-generation"] = "generate@6:exit"
-            faults["kill trainer mid-update"] = "update@6:exit"
-            for i, (name, spec) in enumerate(faults.items()):
-                try:
-                    results[name] = synth_run(tmp / f"f{i}", spec)
-                except NodeFailure as e:
-                    results[name] = {"error": str(e)}
-            results["corrupt newest checkpoint"] = corrupt_and_resume(tmp / "corrupt")
+            n = 0
+
+            def case(name, kind, graph, over, cause, groups, inject=None, kill=None):
+                nonlocal n
+                n += 1
+                r = supervised(graph, over, tmp / f"f{n}", inject=inject, kill=kill)
+                if kill:
+                    actor = r["killed"].get("actor", "(none: the run ended first)")
+                    name, cause = f"{name}: {actor}", rf"actor {re.escape(actor)} died"
+                results[name], kinds[name] = judged(r, cause, groups), kind
+                print(f"  {name}: {'survived' if results[name]['survived'] else 'NOT survived'}", flush=True)
+
+            for node in ("generate", "reward", "old_logprob", "update", "sync"):
+                case(f"raise as {node} starts", "start", SYNTH, SYNTH_OVER,
+                     rf"node {node} failed at iteration 5: .*injected fault in {node} at step 5", synth_groups,
+                     inject=f"{node}@5:raise")
+            case("raise in generation's token loop (hf)", "mid", REAL, REAL_OVER,
+                 r"node generate failed at iteration 7: .*injected fault in generate at step 7 \(token #3\)",
+                 real_groups, inject="generate@7/token.3:raise")
+            case("exit after backward, before the optimizer step", "mid", REAL, REAL_OVER,
+                 r"node update failed at iteration 7: actor trainer\.0 died", real_groups,
+                 inject="update@7/after_backward:exit")
+            case("exit in the middle of a weight export (shm)", "mid", REAL, REAL_OVER,
+                 r"node sync failed at iteration 7: actor trainer\.0 died", real_groups, inject="sync@7/export:exit")
+            if importlib.util.find_spec("vllm") is not None:
+                case("raise inside the vLLM engine's sampler", "mid", REAL, REAL_OVER + ["nodes.generate.backend=vllm"],
+                     r"node generate failed at iteration 7: .*injected fault in generate at step 7 \(engine #3\)",
+                     real_groups, inject="generate@7/engine.3:raise")
+            for i in range(2 if args.quick else 6):
+                case("SIGKILL from outside", "kill", REAL, REAL_OVER, "", real_groups, kill=(i, 1.5))
+            results["damaged newest checkpoint"], kinds["damaged newest checkpoint"] = \
+                corrupt_and_resume(tmp / "corrupt", synth_groups), "checkpoint"
+            max_stale, regenerated = on_stale_wait(tmp / "wait")
         finally:
             ray.shutdown()
-        exact = resume_bit_exact(tmp / "exact")
-        cases, tracebacks = fuzz(300 if args.quick else 3000, tmp)
-    print(f"{'fault':<30} {'restarts':>8} {'generated':>9} {'trained once':>12} {'lost':>5} {'twice':>5}  survived")
-    print(f"{'(undisturbed)':<30} {0:>8} {ref.generated:>9} {ref.trained_once:>12} {ref.lost:>5} "
-          f"{len(ref.trained_twice):>5}")
-    survived = lost = twice = 0
+        exact_local = resume_bit_exact(tmp / "exact-local", "local")
+        exact_ray = resume_bit_exact(tmp / "exact-ray", "ray")
+        fz = fuzz(1000 if args.quick else 5000, tmp, time_limit_s=5.0)
+    print(f"\n{'fault':<58} {'observed':>8} {'restarts':>8} {'generated':>9} {'trained':>7} {'lost':>5} "
+          f"{'twice':>5}  survived")
     for name, r in results.items():
-        if "error" in r:
-            print(f"{name:<30} failed: {r['error']}")
-            continue
-        s = r["ledger"]
-        ok = s.ok and s.generated == ref.generated and s.trained_once == ref.trained_once
-        survived += ok
-        lost += s.lost
-        twice += len(s.trained_twice)
-        print(f"{name:<30} {r['restarts']:>8} {s.generated:>9} {s.trained_once:>12} {s.lost:>5} "
-              f"{len(s.trained_twice):>5}  {'yes' if ok else 'NO'}")
-    print(f"resume bit-exact (tiny model, interrupted at step 6, resumed from step 5): {exact}")
-    print(f"fuzz: {cases} mutated graphs through 'omnigraph check --json', {tracebacks} tracebacks")
-    print(json.dumps({"faults_injected": len(results), "faults_survived": survived, "groups_lost": lost,
-                      "groups_trained_twice": twice, "resume_bit_exact": exact, "fuzz_cases": cases,
-                      "fuzz_tracebacks": tracebacks}))
+        print(f"{name:<58} {str(r['observed']):>8} {r['restarts']:>8} {r['generated']:>9} {r['trained']:>7} "
+              f"{r['lost']:>5} {r['twice']:>5}  {'yes' if r['survived'] else 'NO'}")
+        for c in r["causes"]:
+            print(f"{'':<4}cause: {c}")
+    print(f"exact resume (interrupted at step 6, resumed from step 5), bit for bit: local {exact_local}, ray {exact_ray}")
+    print(f"on_stale wait (async ahead 3, max_staleness 1): observed max staleness {max_stale}, "
+          f"{regenerated} samples regenerated")
+    print(f"fuzz: {fz['cases']} mutated graphs through 'omnigraph check --json': {fz['tracebacks']} tracebacks, "
+          f"{fz['hangs']} hangs")
+    out = {"faults_injected": len(results), "faults_observed": sum(r["observed"] for r in results.values()),
+           "faults_survived": sum(r["survived"] for r in results.values()),
+           "mid_node_faults": sum(k == "mid" for k in kinds.values()),
+           "external_kills": sum(k == "kill" for k in kinds.values()),
+           "groups_lost": sum(r["lost"] for r in results.values()),
+           "groups_trained_twice": sum(r["twice"] for r in results.values()),
+           "resume_bit_exact_local": exact_local, "resume_bit_exact_ray": exact_ray,
+           "on_stale_wait_max_staleness": max_stale, "on_stale_wait_regenerated_samples": regenerated,
+           "fuzz_cases": fz["cases"], "fuzz_tracebacks": fz["tracebacks"], "fuzz_hangs": fz["hangs"],
+           "faults": {name: {k: r[k] for k in ("observed", "survived", "restarts")} for name, r in results.items()}}
+    if not args.no_save:
+        from record import save
+        print(f"saved {save('faults', out)}")
+    print(json.dumps(out))
     return 0
 
 

@@ -12,6 +12,8 @@ if [ ! -f "$OG_SITE/.complete" ]; then
     tar -C "$OG_SITE" -xJf .gpu/site.tar.xz && touch "$OG_SITE/.complete"
 fi
 export OG_SITE
+# omnigraph's entry points (its built-in backends, tasks, transports...) from this checkout's pyproject.toml
+python3 scripts/dist_info.py "$OG_SITE" >/dev/null
 export PYTHONPATH="$OG_SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0

@@ -115,7 +115,7 @@ class RayExecutor(Executor):
         remote = ray.remote(concurrency_groups={"control": 1})(GraphActor)
         env = {k: v for k, v in os.environ.items() if k.startswith(("OMNIGRAPH_", "NCCL_", "TORCH_NCCL_",
                                                                       "TORCH_SYMM_MEM_", "NVSHMEM_"))
-               and k not in ("OMNIGRAPH_PIN_CPUS", "OMNIGRAPH_SHM_TAG")}
+               and k not in ("OMNIGRAPH_PIN_CPUS", "OMNIGRAPH_SHM_TAG", "OMNIGRAPH_ACTOR")}
         # the actors' /dev/shm weight files carry this tag: stop() removes them even after a kill
         self.shm_tag = env["OMNIGRAPH_SHM_TAG"] = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         env |= {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan)),
@@ -128,6 +128,7 @@ class RayExecutor(Executor):
             pin = {"OMNIGRAPH_PIN_CPUS": ",".join(map(str, cores[name]))} if name in cores else {}
             # OpenMP reads this once, when the process starts: set it here, not inherited
             pin["OMP_NUM_THREADS"] = str(len(cores[name]) if name in cores else max(1, int(a.cpus)))
+            pin["OMNIGRAPH_ACTOR"] = name            # which process is which, for ps and for fault tests
             actors[name] = remote.options(
                 num_cpus=a.cpus, num_gpus=a.gpus,
                 runtime_env={"env_vars": env | pin}).remote(
