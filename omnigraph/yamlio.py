@@ -30,9 +30,25 @@ MAX_NODES = 100_000
 """The most values (scalars, keys, lists and mappings) a document may hold once its aliases are expanded:
 a real graph has a few hundred."""
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""libyaml's safe loader where PyYAML was built with it: it parses a megabyte in about a second, the
-pure-Python one in tens of seconds. Both are safe; their syntax-error wording differs."""
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """libyaml's safe loader where PyYAML was built with it (it composes a megabyte in about a second, the
+    pure-Python one in tens of seconds; both are safe, their syntax-error wording differs), whose values
+    that cannot be built (``!!int x``, ``!!bool x``, a 5000-digit number, month 13) are YAML errors with
+    their line, not tracebacks."""
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. ValueError, or KeyError from '!!bool x', AttributeError from '!!timestamp x'
+            value = node.value if isinstance(node, yaml.ScalarNode) else node.tag
+            why = f": {str(e).split(';')[0]}" if isinstance(e, (ValueError, ArithmeticError)) else ""
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {str(value)[:40]!r} as {node.tag.rsplit(':', 1)[-1]}{why}",
+                node.start_mark) from None
 
 
 def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> GraphSpec:
@@ -107,7 +123,8 @@ def _yaml_error(e: yaml.YAMLError, source: str) -> GraphError:
     ctx, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
     if ctx and cmark is not None and cmark.line + 1 != line:
         problem += f" ({ctx} started on line {cmark.line + 1})"
-    fix = "use plain YAML: mappings, lists, strings and numbers (tags like !!python/... are refused)" \
+    fix = "quote it to make it a string, or write a plain number or date" if problem.startswith("cannot read") \
+        else "use plain YAML: mappings, lists, strings and numbers (tags like !!python/... are refused)" \
         if "tag" in str(e) or "constructor" in str(e) else "check the indentation and quoting on that line"
     return GraphError(f"invalid YAML: {problem}", line=line, source=source, fix=fix)
 

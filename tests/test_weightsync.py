@@ -251,3 +251,19 @@ def test_channels_are_sized_for_what_crosses_them(tmp_path):
     (tmp_path / "host.yaml").write_text(text)
     forced = og.compile(tmp_path / "host.yaml")                                # asked for: the tensors cross
     assert forced.weights == {"sync": "host"} and channel_bytes(forced) >= weights
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_run_uses_the_weights_path_its_plan_printed(tmp_path, executor):
+    import os
+
+    from omnigraph.runtime import run
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    plan = og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["schedule.iterations=3", f"runtime.executor={executor}",
+                                                                    "nodes.generate.eval_every=0"])
+    res = run(plan, run_dir=tmp_path, progress=False)
+    printed = (res.run_dir / "plan.txt").read_text()
+    path = plan.weights["sync"]
+    assert f"sync -> generate  by {path}" in printed and path == {"local": "channel", "ray": "shm"}[executor]
+    used = {r["weights_path"] for r in res.metrics if "weights_path" in r}
+    assert used == {path}

@@ -143,7 +143,10 @@ class Interpreter:
             record["version"] = self.policy_version
             return {out_port: Weights(version=self.policy_version)}
         if n.role == "exporter":
-            return {out_port: self._export(n.name, impl, values["weights"])}
+            out = self._export(n.name, impl, values["weights"])
+            if out.path:
+                record["weights_path"] = out.path          # what travelled: the plan's choice, checked by a test
+            return {out_port: out}
         return impl(step, **values)
 
     def load(self, node: str, impl, weights: Weights) -> None:
