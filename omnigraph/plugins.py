@@ -19,7 +19,7 @@ that lists the known ones and suggests the closest:
 >>> load("tasks", "digts", where="task.name")
 Traceback (most recent call last):
 ...
-omnigraph.errors.GraphError: task.name: unknown task 'digts' (did you mean 'digits'? known: arithmetic, digits) (fix: ...)
+omnigraph.errors.GraphError: task.name: unknown task 'digts' (did you mean 'digits'? known: arithmetic, digits...
 """
 
 from __future__ import annotations

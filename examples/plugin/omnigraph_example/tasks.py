@@ -1,7 +1,7 @@
 """A task and a reward of this package.
 
 >>> [p.text for p in EvenDigits(prompts=2, seed=0).batch(0)]
-['copy 6884:', 'copy 862:']
+['copy 6820:', 'copy 886:']
 >>> exact_copy("copy 42:", " 42", target="42"), exact_copy("copy 42:", " 4", target="42")
 (1.0, 0.0)
 """
