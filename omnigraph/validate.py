@@ -322,18 +322,6 @@ def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> 
                 errors.extend(e)
 
 
-def _data_parallel(spec: GraphSpec, n: Node, errors: _Errors) -> None:
-    """Several trainer actors train as one (omnigraph.transports.collectives): a process group between them."""
-    pool = spec.pools[n.pool]
-    if 0 < pool.gpus < 1:
-        errors.add(f"data-parallel training over {pool.actors} trainer actors with {pool.gpus:g} GPU each: NCCL "
-                   "needs each rank on a GPU of its own", where=f"pools.{n.pool}.gpus",
-                   fix=f"set pools.{n.pool}.gpus: 1, or pools.{n.pool}.actors: 1")
-    if spec.runtime.executor == "local":
-        errors.add(f"data-parallel training over {pool.actors} trainer actors needs one process per actor",
-                   where="runtime.executor", fix=f"use the ray or ray-tasks executor, or pools.{n.pool}.actors: 1")
-
-
 def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
     """What the graph names by string: backends, the task, reward functions, custom classes, loggers, the model."""
     uses_model = []
@@ -348,13 +336,12 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
             continue
         if b.uses_model:
             uses_model.append(n)
-        if n.kind == "reward" and n.backend == "python":
-            _resolvable(lambda: plugins.named_or_dotted("rewards", n.spec.fn), f"nodes.{n.name}.fn", errors)
+        for problem in (b.check(n.name, n.spec, spec) if b.check else []):   # the backend's own rules
+            errors.add(problem.message, where=problem.where, fix=problem.fix)
     if ":" in spec.task.name:
         _resolvable(lambda: plugins.load_dotted(spec.task.name), "task.name", errors)
     elif not plugins.has("tasks", spec.task.name):
         errors.extend(plugins.unknown("tasks", spec.task.name, "task.name"))
-    _policy_options(spec, nodes, errors)
     for name in spec.runtime.loggers:
         try:
             need = getattr(plugins.load("loggers", name, where="runtime.loggers"), "missing", lambda: None)()
@@ -369,29 +356,6 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
         errors.add(f"model directory '{path}' does not exist (node '{uses_model[0].name}' uses backend "
                    f"{uses_model[0].backend})", where="model.path",
                    fix=f"use one of {', '.join(plugins.names('models'))} or a local Hugging Face model directory")
-
-
-def _policy_options(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
-    """Options that must agree across the nodes of the policy (LoRA, payloads, precision, data parallel)."""
-    lora = any(u.role == "trainer" and getattr(u.spec, "lora", None) for u in nodes.values())
-    for n in nodes.values():
-        if n.kind == "generate" and n.spec.lora_serving == "merged" and n.backend != "vllm":
-            errors.add(f"lora_serving: merged is a vllm backend option (this node uses backend {n.backend})",
-                       where=f"nodes.{n.name}.lora_serving", fix="remove it, or set backend: vllm")
-        if n.role == "trainer" and n.backend == "torch" and spec.pools[n.pool].actors > 1:
-            _data_parallel(spec, n, errors)
-        if n.role == "trainer" and n.backend == "torch" and spec.model.dtype == "float16":
-            errors.add("float16 training needs a gradient scaler, which the torch trainer does not use (small "
-                       "gradients underflow to zero)", where="model.dtype",
-                       fix="use bfloat16 (mixed precision: fp32 master weights, bf16 compute) or float32; "
-                           "float16 rollouts alone: nodes.<generate>.dtype: float16")
-        if n.role == "exporter" and n.backend == "torch":
-            if n.spec.payload == "lora" and not lora:
-                errors.add("payload lora but the update node trains no LoRA adapters", where=f"nodes.{n.name}.payload",
-                           fix="set payload: full, or give the update node lora: {r: 8}")
-            if n.spec.payload == "full" and lora:
-                errors.add("the update node trains LoRA adapters: send them, not the full weights",
-                           where=f"nodes.{n.name}.payload", fix="set payload: lora")
 
 
 def _resolvable(load, where: str, errors: _Errors) -> None:

@@ -7,6 +7,7 @@ table and turns a miss into an error that names the field and the fix.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 from importlib.metadata import EntryPoint, entry_points
@@ -29,10 +30,17 @@ def load(group: str, ref: str) -> Any:
     if ":" in ref:
         module, _, attr = ref.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise LookupError(f"cannot load '{ref}': {type(e).__name__}: {e}") from e
+            mod = importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
+            raise LookupError(f"cannot import module '{module}': {type(e).__name__}: {e}") from e
+        if not hasattr(mod, attr):
+            raise LookupError(f"module '{module}' has no attribute '{attr}'")
+        return getattr(mod, attr)
     ep = table(group).get(ref)
     if ep is None:
-        raise LookupError(f"nothing is registered as '{ref}' under omnigraph.{group}")
+        known = sorted(table(group))
+        close = difflib.get_close_matches(ref, known, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise LookupError(f"nothing is registered as '{ref}' under omnigraph.{group} ({hint}known: "
+                          f"{', '.join(known) or 'none'})")
     return ep.load()

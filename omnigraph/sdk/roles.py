@@ -32,7 +32,7 @@ save what it produced at the end of the run (``save(run_dir)``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from .data import Prompt, SampleBatch, Weights
 
@@ -57,6 +57,9 @@ class Backend:
     data_parallel: bool = False
     """A trainer that trains as one optimizer over the ranks of its pool: the executor forms the pool's
     process group before step 0 (``ctx.collectives``)."""
+    check: Callable[[str, Any, Any], list] | None = None
+    """``check(node, options, spec) -> [ConfigError, ...]``: what this backend refuses in a graph (its options,
+    and how they must agree with the rest), run by the compiler before anything starts."""
     doc: str = ""
 
 
