@@ -31,7 +31,6 @@ MAX_NODES = 100_000
 a real graph has a few hundred."""
 
 
-
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """libyaml's safe loader where PyYAML was built with it (it composes a megabyte in about a second, the
     pure-Python one in tens of seconds; both are safe, their syntax-error wording differs), whose values
@@ -41,9 +40,9 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     def construct_object(self, node, deep=False):
         try:
             return super().construct_object(node, deep)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):
             raise
-        except Exception as e:  # noqa: BLE001 - e.g. ValueError, or KeyError from '!!bool x', AttributeError from '!!timestamp x'
+        except Exception as e:  # noqa: BLE001 - ValueError, KeyError ('!!bool x'), AttributeError ('!!timestamp x')...
             value = node.value if isinstance(node, yaml.ScalarNode) else node.tag
             why = f": {str(e).split(';')[0]}" if isinstance(e, (ValueError, ArithmeticError)) else ""
             raise yaml.constructor.ConstructorError(

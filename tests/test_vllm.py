@@ -8,6 +8,8 @@ trainer's own forward pass, to ``LOGPROB_ATOL`` (float32).
 """
 
 import gc
+import importlib.util
+import traceback
 
 import pytest
 import torch
@@ -18,13 +20,25 @@ from omnigraph.testing import build_node, export, prompts
 
 from conftest import GRAPHS
 
-try:
-    import vllm  # noqa: F401
-    HAVE_VLLM, WHY = True, ""
-except Exception as e:          # not installed, or a broken install (e.g. CUDA torchvision on CPU)
-    HAVE_VLLM, WHY = False, f"vLLM is not importable ({type(e).__name__}: {e}); pip install -e '.[vllm]'"
+# Skipped only when vLLM is not installed; installed but broken (e.g. CUDA torchvision on a CPU torch)
+# is a failure: test_vllm_imports says why, and the tests below fail on the same import.
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+WHY = "vLLM is not installed: pip install -e '.[vllm]'"
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_VLLM, reason=WHY)]
+
+
+def test_vllm_imports():
+    error = None
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - reported, not skipped
+        error = (f"vLLM is installed but does not import: {type(e).__name__}: {e}\n{traceback.format_exc(limit=-6)}"
+                 "(the vllm extra pulls CUDA builds of torchvision/torchaudio/torchcodec that break imports on a "
+                 "CPU torch: pip uninstall them, as the Makefile does)")
+    if error:
+        pytest.fail(error, pytrace=False)
+
 
 LOGPROB_ATOL = 1e-4
 """vLLM's logprobs vs the trainer's, float32: observed differences are ~1e-5."""

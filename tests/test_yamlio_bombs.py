@@ -87,7 +87,8 @@ def test_the_bomb_is_refused_at_the_first_anchor_past_the_limit():
 
 def test_a_deep_but_small_alias_chain_is_fine(tmp_path, capsys):
     """Long chains of anchors, each used once by the next: nothing multiplies, so they load. Thirty
-    nested lists (just under the depth limit), and two hundred mappings merged into one another."""
+    lists nested through aliases (32 levels with the top mapping: the depth limit), and two hundred
+    mappings merged into one another (merges do not nest)."""
     nested = "\n".join(["x0: &x0 [1]"] + [f"x{i}: &x{i} [*x{i - 1}]" for i in range(1, 31)])
     merged = "\n".join(["m0: &m0 {k0: 0}"] + [f"m{i}: &m{i} {{<<: *m{i - 1}, k{i}: {i}}}" for i in range(1, 200)])
     t = time.perf_counter()
@@ -134,3 +135,49 @@ def test_the_limits_hold_for_overrides():
 def test_load_text_keeps_the_size_limit():
     with pytest.raises(GraphError, match="more than 1000000"):
         og.load_text("name: " + "x" * 1_000_001)
+
+
+@pytest.mark.parametrize("value,message", [
+    ("!!int x", r"cannot read 'x' as int"),
+    ("!!bool maybe", r"cannot read 'maybe' as bool"),
+    ("!!timestamp 2001-13-45", r"cannot read '2001-13-45' as timestamp: month must be in 1\.\.12"),
+    ("!!timestamp soon", r"cannot read 'soon' as timestamp"),
+    ("!!float ''", r"cannot read '' as float"),
+    ("1" + "0" * 5000, r"cannot read '1000.*' as int: Exceeds the limit \(4300 digits\)"),
+])
+def test_values_that_cannot_be_built_are_yaml_errors_with_their_line(value, message):
+    """PyYAML's constructors raise ValueError, KeyError, AttributeError, IndexError on these: each is one
+    GraphError at its line, not a traceback."""
+    with pytest.raises(GraphError, match=r"^g\.yaml:3: invalid YAML: " + message + r".*\(fix: quote it"):
+        og.load_text(f"name: x\nmodel: {{}}\ntask: {{name: {value}}}\n", "g.yaml")
+
+
+def test_text_that_is_not_unicode_is_an_error_not_a_traceback():
+    with pytest.raises(GraphError, match="not valid text"):
+        og.load_text("name: \ud800\n")
+
+
+def test_without_libyaml_the_pure_python_loader_keeps_the_same_limits(tmp_path):
+    """PyYAML built without libyaml: the same refusals (only slower on megabytes)."""
+    import subprocess
+    import sys
+    (tmp_path / "bomb.yaml").write_text(bomb())
+    code = f"""
+import yaml
+del yaml.CSafeLoader
+import omnigraph as og
+from omnigraph import yamlio
+from omnigraph.errors import GraphError
+assert yamlio._Loader.__mro__[1] is yaml.SafeLoader
+for text, want in [({bomb()!r}, "expands to more than"), ("a: &a [*a]", "refers to itself"),
+                   ("a: " + "[" * 40 + "]" * 40, "nests more than 32"), ("name: !!int x", "cannot read 'x' as int")]:
+    try:
+        og.load_text(text, "g.yaml")
+    except GraphError as e:
+        assert want in str(e), (want, str(e))
+    else:
+        raise AssertionError(want)
+assert og.load((yamlio.Path({str(GRAPHS)!r}) / "grpo_sync.yaml")).name == "grpo-sync"
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
