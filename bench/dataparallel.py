@@ -1,4 +1,4 @@
-"""Data-parallel update: one trainer GPU vs two training as one (omnigraph.dataparallel), side by side.
+"""Data-parallel update: one trainer GPU vs two training as one (omnigraph.transports.collectives), side by side.
 
 omnigraph's ``update`` node (PPO-clip, bf16 autocast, fp32 AdamW) on a
 Qwen2.5-architecture model with random weights (``--model``, default 1.5b),
@@ -17,7 +17,6 @@ Human-readable lines, then one JSON line (last).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -42,12 +41,9 @@ def _worker(rank: int, world: int, port: int, args: dict, q) -> None:
 def _train(rank: int, world: int, port: int, a: dict) -> dict:
     import torch
     import omnigraph as og
-    from omnigraph import weightsync
-    from omnigraph.data import Weights
-    from omnigraph.node import ActorState, NodeContext
-    from nodes.hf import Generate
-    from nodes.reward import Reward
-    from nodes.trainer import Update
+    from omnigraph.sdk import Weights
+    from omnigraph.testing import build_node, prompts
+    from omnigraph.transports import collectives, groups
     cuda = not a["smoke"]
     if cuda:
         torch.cuda.set_device(rank)
@@ -56,22 +52,22 @@ def _train(rank: int, world: int, port: int, a: dict) -> dict:
     if not cuda:
         over += ["pools.trainer.gpus=0", "pools.rollout.gpus=0", "model.dtype=float32"]
     spec = og.load(GRAPH, over)
-    if world > 1:
-        weightsync.join("dp-trainer", "127.0.0.1", port, rank, world, 600.0, backend="nccl" if cuda else "gloo")
-    rollout = NodeContext("rollout.0", 0, 1, 0, spec, ActorState())
-    gen = Generate("generate", spec.nodes["generate"], rollout)
-    batch = Reward("reward", spec.nodes["reward"], rollout)(0, gen(0, Weights(0))["rollout"])["batch"]
+    group = groups.join("dp-trainer", "127.0.0.1", port, rank, world, 600.0, backend="nccl" if cuda else "gloo") \
+        if world > 1 else None
+    gen, _ = build_node(spec, "generate")
+    batch = build_node(spec, "reward")[0].score(0, gen.generate(0, prompts(spec, 0), Weights(0)))
     del gen
     if cuda:
         torch.cuda.empty_cache()
     mine = batch.shard(rank, world)
-    upd = Update("update", spec.nodes["update"], NodeContext(f"trainer.{rank}", rank, world, 0, spec, ActorState()))
+    upd, ctx = build_node(spec, "update", actor=f"trainer.{rank}")
+    ctx.collectives = collectives.PoolCollectives(group) if group is not None else None
     times = []
     for i in range(a["reps"] + 1):                       # the first one warms up (kernels, allocator)
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        upd(i + 1, mine)
+        upd.train(i + 1, mine)
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -112,6 +108,8 @@ def main() -> int:
     ap.add_argument("--model", default="1.5b")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=128)
+    import record
+    record.add_arguments(ap)
     args = ap.parse_args()
     import torch
     if not args.smoke and torch.cuda.device_count() < 2:
@@ -120,7 +118,7 @@ def main() -> int:
         return 2
     if args.smoke:
         from nodes import models
-        path, args.prompts, args.new_tokens = str(models.resolve("tiny", 0)), 8, 16
+        path, args.prompts, args.new_tokens = str(models.tiny(0)), 8, 16
     else:
         from gpu_multi import model_folder
         path = str(model_folder(args.model))
@@ -136,9 +134,9 @@ def main() -> int:
     same = two[0]["digest"] == two[1]["digest"]
     print(f"  2 trainers: {t2:.3f} s per update ({two[0]['tokens'] / t2:,.0f} tokens/s): x{one['update_s'] / t2:.2f}; "
           f"ranks identical: {same}", flush=True)
-    print(json.dumps({"model": name, "params_m": one["params_m"], "samples": one["samples"], "tokens": one["tokens"],
+    record.emit("dataparallel", {"model": name, "params_m": one["params_m"], "samples": one["samples"], "tokens": one["tokens"],
                       "update_s_1": round(one["update_s"], 4), "update_s_2": round(t2, 4),
-                      "speedup": round(one["update_s"] / t2, 3), "ranks_identical": same}))
+                      "speedup": round(one["update_s"] / t2, 3), "ranks_identical": same}, args)
     return 0
 
 

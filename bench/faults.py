@@ -25,14 +25,13 @@ mutated YAML documents through ``omnigraph check --json`` under a per-document t
 
     python bench/faults.py [--quick]
 
-Prints a table, then one JSON line (last), and saves it under bench/results/.
+Prints a table, then one JSON line (last), and saves it under bench/results/ (``bench/record.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import random
 import re
@@ -50,6 +49,7 @@ os.chdir(ROOT)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a local, loopback-only cluster
 
 import psutil  # noqa: E402
+import record  # noqa: E402
 
 import omnigraph as og  # noqa: E402
 from omnigraph.errors import NodeFailure  # noqa: E402
@@ -179,7 +179,7 @@ def on_stale_wait(tmp: Path) -> tuple[int, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer kills and fuzz cases")
-    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/")
+    record.add_arguments(ap)
     args = ap.parse_args()
     import ray
 
@@ -252,10 +252,7 @@ def main() -> int:
            "on_stale_wait_max_staleness": max_stale, "on_stale_wait_regenerated_samples": regenerated,
            "fuzz_cases": fz["cases"], "fuzz_tracebacks": fz["tracebacks"], "fuzz_hangs": fz["hangs"],
            "faults": {name: {k: r[k] for k in ("observed", "survived", "restarts")} for name, r in results.items()}}
-    if not args.no_save:
-        from record import save
-        print(f"saved {save('faults', out)}")
-    print(json.dumps(out))
+    record.emit("faults", out, args)
     return 0
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 MODELS = {"tiny": ("tiny", "digits", "float32"), "smollm2": ("smollm2-135m", "arithmetic", "bfloat16")}
 
@@ -36,26 +37,21 @@ MODELS = {"tiny": ("tiny", "digits", "float32"), "smollm2": ("smollm2-135m", "ar
 def measure(backend: str, model: str, prompts: int, samples: int, new_tokens: int, repeats: int) -> dict:
     """Runs in a child process: build the node, one warm-up batch, ``repeats`` timed batches."""
     import omnigraph as og
-    from omnigraph.node import ActorState, NodeContext
+    from omnigraph.testing import build_node, prompts as step_prompts
 
     path, task, dtype = MODELS[model]
     spec = og.load(ROOT / "graphs" / "grpo_sync.yaml", [
         f"model.path={path}", f"model.dtype={dtype}", f"task.name={task}", f"task.prompts={prompts}",
         f"task.samples_per_prompt={samples}", f"nodes.generate.backend={backend}",
         f"nodes.generate.max_new_tokens={new_tokens}", "nodes.generate.temperature=1.0"])
-    ctx = NodeContext("rollout.0", 0, 1, 0, spec, ActorState())
-    if backend == "vllm":
-        from nodes.vllm_backend import VllmGenerate as Node
-    else:
-        from nodes.hf import Generate as Node
     t0 = time.perf_counter()
-    node = Node("generate", spec.nodes["generate"], ctx)
+    node, _ = build_node(spec, "generate")
     start_s = time.perf_counter() - t0
-    texts = [p.text for p in ctx.task.batch(0)]
+    ids = [node.encode(p) for p in step_prompts(spec, 0)]
     best, tokens = 0.0, []
     for i in range(repeats + 1):
         t = time.perf_counter()
-        out = node.sample(texts, samples, greedy=False, seed=1000 + i)
+        out = node.sample(ids, samples, greedy=False, seed=1000 + i)
         dt = time.perf_counter() - t
         n = float(out["response_mask"].sum())
         if i:                                         # the first batch warms up
@@ -83,6 +79,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--models", default="tiny,smollm2")
     ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    import record
+    record.add_arguments(ap)
     args = ap.parse_args()
     if args.child:
         backend, model, prompts, samples, new, repeats = args.child
@@ -117,10 +115,10 @@ def main() -> int:
         out[model] = {"hf_tok_s": round(hf, 1), "vllm_tok_s": round(vl, 1), "ratio": round(vl / hf, 3),
                       "vllm_start_s": round(best[(model, "vllm")]["start_s"], 1)}
     main_model = "smollm2" if "smollm2" in out else models[0]
-    print(json.dumps({**out[main_model], "model": MODELS[main_model][0],
+    record.emit("generate", {**out[main_model], "model": MODELS[main_model][0],
                       **{f"{m}_{k}": v for m in out if m != main_model for k, v in out[m].items()},
                       "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
-                      "load_avg": round(load, 2)}))
+                      "load_avg": round(load, 2)}, args)
     return 0
 
 

@@ -12,30 +12,40 @@ machine reaches no model hub, and a run carries at most 64 MiB):
 
 A tokenizer with the embedded model's characters, padded to the model's
 vocabulary, makes each a model folder the real nodes load. For each model,
-with the real nodes (``nodes.hf.Generate``, ``nodes.trainer.Update``,
-``nodes.trainer.Sync``) in this process, bf16 as ``graphs/gpu/*.yaml`` says:
+with the real nodes (``generate`` backend ``hf``, ``reward``, ``old_logprob``,
+``update``, ``sync``, built as their actors build them:
+``omnigraph.testing.build_node``) in this process, bf16 as ``graphs/gpu/*.yaml`` says:
 
 - generation tokens/s (transformers ``generate``, sampled, with logits);
-- update tokens/s (forward + backward + AdamW over prompt and completion tokens);
-- weight sync: the trainer's export (one flat bf16 buffer), the receiver's
-  open of the CUDA IPC handle and copy in another process, its
-  ``load_state_dict``; against a device-to-device copy of the same bytes and
-  the host round trip (GPU -> host -> pickle -> GPU) in the same run.
+- update tokens/s (``old_logprob`` (fused into the update when it takes one optimizer
+  step) + the update: forward, PPO loss, backward, AdamW, over prompt and completion tokens);
+- weight sync by the path the plan chooses for pools sharing a card (``cuda-ipc``): the
+  trainer's export (``sync`` + the transport: one flat bf16 buffer), the receiver's open of
+  the CUDA IPC handle and copy in another process, its ``load_state_dict``;
+- against, in the same run and on the same bytes: a device-to-device copy, and the host
+  round trip through omnigraph's own ``host`` weights path (the same ``sync`` state exported
+  by the ``host`` transport: ``TensorPack.pack(..., dtype=bf16, path="host")`` on the GPU,
+  copied to host memory; pickled and unpickled (protocol 5, the bytes in-band: what crosses
+  a process boundary); loaded by the real rollout node's ``load_weights``, host -> GPU).
+  It runs in this process, so no inter-process copy is counted (a lower bound on that
+  path's cost); its parts are in the JSON (``host_round_trip_parts_s``).
+
+Every timing is the median of ``--reps`` (default 5) repetitions after one warm-up.
 
 Then, on ``qwen2-0.5b``, ``omnigraph`` runs sync and one-step-off GRPO through
 the compiled graph (``ray`` executor), rollout and trainer sharing the card
 (0.5 GPU each), and reports seconds per step.
 
-    python bench/gpu.py [--quick] [--skip-runtime]
+    python bench/gpu.py [--quick] [--skip-runtime] [--reps 5] [--no-save]
 
-Prints a table, then one JSON line (last).
+Prints a table, then one JSON line (last), also saved under ``bench/results/`` (``bench/record.py``;
+on the GPU machine set ``OMNIGRAPH_BENCH_RESULTS=$OUT/results`` and ``OMNIGRAPH_GIT_REV``).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import pickle
 import statistics
@@ -48,14 +58,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a local, loopback-only cluster
 
 import torch  # noqa: E402
 
 import omnigraph as og  # noqa: E402
-from omnigraph.data import Weights  # noqa: E402
-from omnigraph.node import ActorState, NodeContext  # noqa: E402
-from omnigraph.tensors import TensorPack  # noqa: E402
+import record  # noqa: E402
+from omnigraph import transports  # noqa: E402
+from omnigraph.sdk import Weights  # noqa: E402
+from omnigraph.testing import build_node, prompts  # noqa: E402
 
 GPU_GRAPH = ROOT / "graphs" / "gpu" / "grpo_one_step_off.yaml"
 SHAPES = {
@@ -112,10 +124,6 @@ def spec_for(path: Path, overrides: list[str], graph: Path = GPU_GRAPH):
                            "runtime.seed=0"] + overrides)
 
 
-def ctx(spec, actor: str) -> NodeContext:
-    return NodeContext(actor, 0, 1, 0, spec, ActorState())
-
-
 def cuda_time(fn, reps: int = 5) -> float:
     """Median seconds of ``fn()`` on the GPU, timed with CUDA events after one warm-up."""
     fn()
@@ -168,83 +176,120 @@ def _read(proc, ok) -> list[str]:
 
 def micro(name: str, path: Path, origin: str, args) -> dict:
     """Generation, update and weight-sync rates with the real nodes, in this process."""
-    from nodes.hf import Generate
-    from nodes.reward import Reward
-    from nodes.trainer import Sync, Update
+    reps = args.reps
     new = 64 if args.quick else 128
     spec = spec_for(path, [f"task.prompts={16}", f"nodes.generate.max_new_tokens={new}",
                            "nodes.update.micro_batch_size=32", "nodes.old_logprob.micro_batch_size=32"])
-    roll, train = ctx(spec, "rollout.0"), ctx(spec, "trainer.0")
-    gen = Generate("generate", spec.nodes["generate"], roll)
-    rew = Reward("reward", spec.nodes["reward"], roll)
-    upd = Update("update", spec.nodes["update"], train)
-    sync = Sync("sync", spec.nodes["sync"], train)
+    plan = og.compile(spec)
+    shared: dict = {}                                   # the trainer actor's nodes share one policy
+    gen, roll = build_node(spec, "generate")
+    rew, _ = build_node(spec, "reward")
+    olp, _ = build_node(spec, "old_logprob", shared=shared)
+    upd, _ = build_node(spec, "update", shared=shared)
+    sync, _ = build_node(spec, "sync", shared=shared)
     params = sum(p.numel() for p in upd.policy.model.parameters())
     # generation: the node's own tokens/s (completion tokens; a random model rarely stops early)
-    gen(0, Weights(0))
+    gen.generate(0, prompts(spec, 0), Weights(0))
     rates = []
     for step in range(1, 3):
-        batch = gen(step, Weights(0))["rollout"]
+        batch = gen.generate(step, prompts(spec, step), Weights(0))
         rates.append(roll.metrics["gen_tokens_per_s"])
     gen_tps = statistics.median(rates)
-    batch = rew(0, batch)["batch"]
-    # update: tokens through forward + backward + AdamW (prompt and completion columns the node computes)
-    upd(0, batch)
+    batch = rew.score(0, batch)
+    # the trainer's step: old_logprob (fused into the update when it takes one optimizer step) + the update
+    fused = olp.fusable(batch)
+
+    def train(i):
+        upd.train(i, olp.logprobs(i, batch.with_fields()))
+
+    train(0)
     torch.cuda.synchronize()
     times = []
-    for _ in range(2):
+    for i in range(reps):
         t0 = time.perf_counter()
-        upd(1, batch)
+        train(i + 1)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     P = batch.meta["prompt_len"]
     c = int(batch.fields["response_mask"].sum(1).max())
     tokens = len(batch) * (P + c)
     upd_tps = tokens / statistics.median(times)
-    # weight sync: export -> CUDA IPC -> another process opens, copies, loads
+    # weight sync by the plan's path: export -> CUDA IPC -> another process opens, copies, loads
+    path_name = plan.weights["sync"]
+    tx = transports.make(path_name, "sync", spec.nodes["sync"])
     rx = subprocess.Popen([sys.executable, "-c", RECEIVER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
                               "PYTHONPATH", "")])})
     _read(rx, lambda w: w == ["ready"])
     rows = []
-    for v in range(1, 5):
+    for v in range(1, reps + 2):                     # the first one warms up
         t0 = time.perf_counter()
-        w = sync(v, Weights(v))["weights"]
+        w = tx.export(sync.state(), v)
         t1 = time.perf_counter()
         blob = pickle.dumps(w.tensors)
         rx.stdin.write(struct.pack("<Q", len(blob)) + blob)
         rx.stdin.flush()
-        t_open, t_load, how = _read(rx, lambda w: len(w) == 3 and w[2] in ("cuda-ipc", "device", "host"))
+        t_open, t_load, how = _read(rx, lambda w: len(w) == 3 and w[2] in ("cuda-ipc", "shm", "host"))
         t2 = time.perf_counter()
         rows.append({"export": t1 - t0, "open_copy": float(t_open), "load": float(t_load), "total": t2 - t0,
                      "handle_bytes": len(blob), "path": how})
     rx.stdin.close()
     rx.wait(timeout=60)
+    tx.close()
     nbytes = w.nbytes
     med = {k: statistics.median(r[k] for r in rows[1:]) for k in ("export", "open_copy", "load", "total")}
     flat = next(iter(w.tensors.buffers.values()))
-    d2d = cuda_time(lambda: flat.clone())
-    host = w.tensors.buffers
-    t0 = time.perf_counter()
-    on_host = pickle.dumps({k: b.cpu() for k, b in host.items()}, protocol=pickle.HIGHEST_PROTOCOL)
-    back = {k: b.cuda() for k, b in pickle.loads(on_host).items()}
-    torch.cuda.synchronize()
-    host_s = time.perf_counter() - t0
-    del back, on_host, gen, upd, sync, rew
+    d2d = cuda_time(lambda: flat.clone(), reps)
+    del w, flat
+    host = host_round_trip(spec, sync, gen, reps)
+    del gen, upd, olp, sync, rew
     torch.cuda.empty_cache()
     return {"model": name, "weights": origin, "params_m": round(params / 1e6, 1), "gen_tokens_per_s": round(gen_tps),
             "gen_batch": len(batch), "max_new_tokens": new, "update_tokens_per_s": round(upd_tps),
-            "update_tokens": tokens, "update_s": round(statistics.median(times), 4),
-            "sync_bytes": nbytes, "sync_path": rows[-1]["path"], "sync_handle_bytes": rows[-1]["handle_bytes"],
+            "update_tokens": tokens, "update_s": round(statistics.median(times), 4), "old_logprob_fused": fused,
+            "reps": reps, "sync_bytes": nbytes, "sync_path": rows[-1]["path"],
+            "sync_handle_bytes": rows[-1]["handle_bytes"],
             **{f"sync_{k}_s": round(v, 5) for k, v in med.items()},
             "sync_gb_per_s": round(nbytes / med["total"] / 1e9, 2),
             "d2d_copy_s": round(d2d, 6), "d2d_copy_gb_per_s": round(nbytes / d2d / 1e9, 1),
-            "host_round_trip_s": round(host_s, 4), "host_round_trip_gb_per_s": round(nbytes / host_s / 1e9, 2)}
+            "host_round_trip_s": round(host["total"], 4),
+            "host_round_trip_gb_per_s": round(host["bytes"] / host["total"] / 1e9, 2),
+            "host_round_trip_parts_s": {k: round(host[k], 4) for k in ("export", "pickle", "unpickle", "load")},
+            "host_round_trip_bytes": host["bytes"], "host_round_trip_pickled_bytes": host["pickled_bytes"],
+            "host_round_trip_what": "host transport export (GPU pack, to host) + pickle + unpickle + the rollout "
+                                    "node's load_weights (host -> GPU), one process: no inter-process copy counted"}
+
+
+def host_round_trip(spec, sync, gen, reps: int) -> dict:
+    """omnigraph's ``host`` weights path on the same state: the ``host`` transport's export (``TensorPack.pack(...,
+    path="host")`` on the GPU, then to host memory), the pickling the graph's channel does, and the rollout node's
+    ``load_weights`` (host -> GPU). Medians of ``reps`` after one warm-up, seconds of each part."""
+    tx = transports.make("host", "sync", spec.nodes["sync"])
+    rows = []
+    for v in range(reps + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        w = tx.export(sync.state(), 1000 + v)
+        t1 = time.perf_counter()
+        blob = pickle.dumps(w.tensors, protocol=pickle.HIGHEST_PROTOCOL)
+        t2 = time.perf_counter()
+        pack = pickle.loads(blob)
+        t3 = time.perf_counter()
+        assert pack.path == "host" and pack.device.type == "cpu", pack
+        gen.load_weights(Weights(w.version, tensors=pack, payload=w.payload, nbytes=w.nbytes, path="host"))
+        torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        rows.append({"export": t1 - t0, "pickle": t2 - t1, "unpickle": t3 - t2, "load": t4 - t3, "total": t4 - t0,
+                     "bytes": w.nbytes, "pickled_bytes": len(blob)})
+        del w, blob, pack
+    tx.close()
+    return {k: statistics.median(r[k] for r in rows[1:]) for k in rows[0]}
 
 
 def runtime(path: Path, iterations: int, quick: bool) -> dict:
     """Sync vs one-step-off GRPO through the compiled graph, rollout and trainer sharing the card."""
-    from omnigraph.runtime import run, steady
+    from omnigraph.records import steady
+    from omnigraph.runtime import run
     common = [f"schedule.iterations={iterations}", "task.prompts=16", f"nodes.generate.max_new_tokens={32 if quick else 64}",
               "nodes.update.micro_batch_size=32", "nodes.old_logprob.micro_batch_size=32",
               "pools.rollout.gpus=0.5", "pools.trainer.gpus=0.5", "model.dtype=bfloat16"]
@@ -267,7 +312,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="shorter generations and runs")
     ap.add_argument("--skip-runtime", action="store_true", help="only the in-process measurements")
     ap.add_argument("--models", default="qwen2-0.5b,smollm2-135m")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions of each measurement, after one warm-up")
+    record.add_arguments(ap)
     args = ap.parse_args()
+    if args.reps < 5:
+        ap.error("--reps must be at least 5 (the medians are of >= 5 repetitions)")
     if not torch.cuda.is_available():
         print("bench/gpu.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -293,7 +342,8 @@ def main() -> int:
               f"{r['sync_open_copy_s'] * 1e3:.1f} ms, load_state_dict {r['sync_load_s'] * 1e3:.1f} ms; "
               f"{r['sync_handle_bytes']} bytes pickled)")
         print(f"  same bytes: device-to-device copy {r['d2d_copy_s'] * 1e3:.2f} ms = {r['d2d_copy_gb_per_s']} GB/s; "
-              f"host round trip {r['host_round_trip_s'] * 1e3:.0f} ms = {r['host_round_trip_gb_per_s']} GB/s; "
+              f"host round trip (omnigraph's host path, one process) {r['host_round_trip_s'] * 1e3:.0f} ms = "
+              f"{r['host_round_trip_gb_per_s']} GB/s; "
               f"sync/d2d = {r['sync_total_s'] / r['d2d_copy_s']:.0f}x, host/sync = "
               f"{r['host_round_trip_s'] / r['sync_total_s']:.1f}x")
     rt = {}
@@ -311,7 +361,7 @@ def main() -> int:
     summary = {"gpu": dev.name, "models": results, "runtime": rt}
     if len(rt) == 2:
         summary["one_step_off_speedup"] = round(rt["sync"]["s_per_step"] / rt["one_step_off"]["s_per_step"], 3)
-    print(json.dumps(summary))
+    record.emit("gpu", summary, args)
     return 0
 
 

@@ -14,7 +14,6 @@ Prints both reward curves and a table, then one JSON line (last).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,9 +21,11 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a local, loopback-only cluster
 
 import omnigraph as og  # noqa: E402
+import record  # noqa: E402
 from omnigraph.runtime import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +45,7 @@ def train(graph: str, iterations: int, out: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="30 steps instead of 60")
+    record.add_arguments(ap)
     args = ap.parse_args()
     n = 30 if args.quick else 60
     load = os.getloadavg()[0]
@@ -61,12 +63,12 @@ def main() -> int:
               f"{r['bound']:5d}")
     print(f"mean |reward gap| per step {statistics.mean(gap):.3f}, over the last 10 steps "
           f"{statistics.mean(gap[-10:]):.3f}")
-    print(json.dumps({
+    record.emit("parity", {
         "sync_s_per_step": round(sync["s_per_step"], 4), "one_step_off_s_per_step": round(off["s_per_step"], 4),
         "speedup": round(sync["s_per_step"] / off["s_per_step"], 4),
         "final_reward_sync": round(sync["final"], 4), "final_reward_one_step_off": round(off["final"], 4),
         "first_reward_sync": round(sync["first"], 4), "first_reward_one_step_off": round(off["first"], 4),
-        "mean_abs_reward_gap": round(statistics.mean(gap), 4), "steps": n, "load_avg_start": round(load, 2)}))
+        "mean_abs_reward_gap": round(statistics.mean(gap), 4), "steps": n, "load_avg_start": round(load, 2)}, args)
     return 0
 
 

@@ -15,7 +15,6 @@ Prints a table, then one JSON line (last).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -23,12 +22,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")     # a local, loopback-only cluster
 
 import psutil  # noqa: E402
+import record  # noqa: E402
 
 import omnigraph as og  # noqa: E402
-from omnigraph.executors.base import make_executor  # noqa: E402
+from omnigraph.executors import make_executor  # noqa: E402
 from omnigraph.testing import canonical_spec  # noqa: E402
 
 COSTS = {"generate": 0.5, "reward": 0.05, "old_logprob": 0.1, "update": 0.35, "sync": 0.02}
@@ -76,6 +77,7 @@ def measure(mode: str, cost_mode: str, iterations: int, costs: dict, executor: s
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations (under 2 minutes)")
+    record.add_arguments(ap)
     args = ap.parse_args()
     n = 8 if args.quick else 20
     load = os.getloadavg()[0]
@@ -133,7 +135,7 @@ def main() -> int:
         "static_bound": {m: res["wait", m]["static_bound"] for m in ("sync", "one_step_off")},
         "load_avg_start": round(load, 2),
     }
-    print(json.dumps(out))
+    record.emit("pipeline", out, args)
     return 0
 
 

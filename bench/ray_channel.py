@@ -2,8 +2,14 @@
 
 Used by ``bench/weight_sync.py``: the hand-over a real run uses between the trainer's and the rollout's
 actors (one host), measured on the same tensors. A producer actor holds the tensors and returns them;
-a consumer actor receives them and touches every byte; the driver times ``execute`` -> ``get`` and takes
-off the time of the same graph carrying one small tensor.
+a consumer actor receives them and reads every byte they hold (:func:`touch`: each tensor viewed as
+int64 words, or bytes when its size is not a multiple of 8, summed), so bytes that arrive lazily (mapped
+pages) are really moved; its checksum must equal the driver's over the same tensors.
+
+The driver times ``execute`` -> ``get`` for the full payload and for one small tensor (control cost), and
+times the same touch locally, on the tensors in its own memory (the reading cost without any transfer).
+:func:`channel_timings` returns all three; :func:`channel_seconds` returns the **transfer alone**:
+full - small - local touch (medians of ``repeats``, after one warm-up each).
 """
 
 from __future__ import annotations
@@ -13,8 +19,21 @@ import statistics
 import time
 
 
-def channel_seconds(tensors: dict, repeats: int) -> float:
-    """Median seconds to move ``tensors`` from one actor to another through a compiled graph."""
+def touch(tensors: dict) -> int:
+    """Read every byte of ``tensors``: the sum of their contents as int64 words (bytes for odd sizes)."""
+    import torch                                    # imported here: Ray ships this function to the consumer by value
+    total = 0
+    for t in tensors.values():
+        b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        w = b.view(torch.int64) if b.numel() % 8 == 0 else b
+        total += int(w.sum(dtype=torch.int64))
+    return total
+
+
+def channel_timings(tensors: dict, repeats: int) -> dict:
+    """Medians (seconds) of moving ``tensors`` between two actors and reading them there: ``full_s``, ``small_s``
+    (the same graph carrying one small tensor), ``touch_s`` (the touch done locally), ``transfer_s`` (full - small -
+    touch), ``bytes``."""
     import ray
     import torch
     from ray.dag import InputNode
@@ -37,11 +56,19 @@ def channel_seconds(tensors: dict, repeats: int) -> float:
         def send(self, which):
             return self.full if which else self.small
 
+    read = _by_value(touch)                         # the actor's process cannot import this module
+
     @ray.remote(num_cpus=0)
     class Consumer:
         def take(self, tensors):
-            return float(sum(float(t.reshape(-1)[-1]) for t in tensors.values()))   # every tensor arrived
+            return read(tensors)                    # every byte read where it arrived
 
+    want = touch(tensors)
+    local = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        touch(tensors)
+        local.append(time.perf_counter() - t)
     try:
         prod, cons = Producer.remote(ray.put(tensors)), Consumer.remote()
         with InputNode() as inp:
@@ -52,13 +79,28 @@ def channel_seconds(tensors: dict, repeats: int) -> float:
             for i in range(2 * (repeats + 1)):
                 which = i % 2
                 t = time.perf_counter()
-                ray.get(graph.execute(which), timeout=120)
+                got = ray.get(graph.execute(which), timeout=120)
                 times[which].append(time.perf_counter() - t)
+                if which and got != want:
+                    raise RuntimeError(f"the consumer's checksum {got} differs from the sender's {want}")
             full = statistics.median(times[1][1:])
-            empty = statistics.median(times[0][1:])
-            return max(full - empty, 1e-9)
+            small = statistics.median(times[0][1:])
         finally:
             graph.teardown()
     finally:
         if owns:
             ray.shutdown()
+    touch_s = statistics.median(local[1:])
+    return {"full_s": full, "small_s": small, "touch_s": touch_s, "transfer_s": max(full - small - touch_s, 1e-9),
+            "bytes": size}
+
+
+def _by_value(fn):
+    """``fn`` as a function of no module, so cloudpickle ships its code instead of an import by name."""
+    import types
+    return types.FunctionType(fn.__code__, {"__builtins__": __builtins__}, fn.__name__, fn.__defaults__)
+
+
+def channel_seconds(tensors: dict, repeats: int) -> float:
+    """Median seconds of the transfer alone (see the module docstring) of ``tensors`` between two actors."""
+    return channel_timings(tensors, repeats)["transfer_s"]

@@ -10,7 +10,8 @@ generate backend (``nodes.vllm_backend``), on SmolLM2-135M. One sync is
   (``TensorPack`` path ``shm``) and only its name crosses; the receiving
   side maps the file. For comparison, the compiled graph's channel
   carrying the same tensors as a dict between two actors (the path before
-  ``shm``) is measured too (``channel_s``, ``bench/ray_channel.py``);
+  ``shm``) is measured too (``channel_s``, ``bench/ray_channel.py``: the receiving actor reads
+  every byte; the same read done locally and the graph's control cost are taken off);
 - ``load``: the engine takes them in place (``reload_weights`` through the
   worker extension, tied head re-tied, prefix cache reset), or for LoRA a
   new adapter version (``LoRARequest``), or the adapter merged into the
@@ -29,7 +30,6 @@ Needs the ``vllm`` extra. Last line: JSON with ``full_sync_s``,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -58,21 +58,21 @@ def memcpy_gb_s(tensors: dict, repeats: int) -> float:
     return flat.numel() / statistics.median(times[1:]) / 1e9
 
 
-def one_sync(sync, gen, version: int) -> dict:
+def one_sync(transport, sync, gen, version: int) -> dict:
     """export -> hand-over -> load into the engine, as a run does it; seconds of each part.
 
-    The hand-over is what crosses between the two actors: the export pickled and unpickled (for the
-    ``shm`` path a file name, which the receiving side maps; a dict of tensors otherwise)."""
+    The export is the sync node's state carried by the transport the plan chose (``shm`` here: the trainer
+    packs a /dev/shm file). The hand-over is what crosses between the two actors: the export pickled and
+    unpickled (for ``shm`` a file name, which the receiving side maps)."""
     import pickle
-    from omnigraph.data import Weights
 
     t0 = time.perf_counter()
-    w = sync(version, Weights(version=version))["weights"]
+    w = transport.export(sync.state(), version)
     t1 = time.perf_counter()
     blob = pickle.dumps(w.tensors, protocol=5)
     w.tensors = pickle.loads(blob)
     t2 = time.perf_counter()
-    gen.apply(w)
+    gen.load_weights(w)
     t3 = time.perf_counter()
     return {"export_s": t1 - t0, "handover_s": t2 - t1, "load_s": t3 - t2, "sync_s": t3 - t0,
             "bytes": w.nbytes, "pickled_bytes": len(blob)}
@@ -83,24 +83,24 @@ def run_case(overrides: list[str], repeats: int) -> tuple[dict, dict]:
     import gc
     import torch
     import omnigraph as og
-    from omnigraph.data import Weights
-    from omnigraph.node import ActorState, NodeContext
-    from nodes.trainer import Sync
-    from nodes.vllm_backend import VllmGenerate
+    from omnigraph import transports
+    from omnigraph.testing import build_node
 
     spec = og.load(ROOT / "graphs" / "smollm2_vllm_one_step_off.yaml", overrides)
-    sync = Sync("sync", spec.nodes["sync"], NodeContext("trainer.0", 0, 1, 0, spec, ActorState()))
-    gen = VllmGenerate("generate", spec.nodes["generate"], NodeContext("rollout.0", 0, 1, 0, spec, ActorState()))
+    plan = og.compile(spec)
+    transport = transports.make(plan.weights["sync"], "sync", spec.nodes["sync"])
+    sync, _ = build_node(spec, "sync")
+    gen, _ = build_node(spec, "generate")
     rows = []
     for v in range(1, repeats + 2):
         with torch.no_grad():                          # a training step changed the weights
             for name, p in sync.policy.model.named_parameters():
                 if p.requires_grad:
                     p.add_(1e-3)
-        rows.append(one_sync(sync, gen, v))
+        rows.append(one_sync(transport, sync, gen, v))
     med = {k: statistics.median(r[k] for r in rows[1:]) for k in rows[0]}
     # own tensors: views of one flat buffer would each pickle the whole buffer
-    state = {k: v.clone() for k, v in sync(0, Weights(version=0))["weights"].tensors.items()}
+    state = {k: v.clone() for k, v in transport.export(sync.state(), 0).tensors.items()}
     from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
     del gen.llm
     gc.collect()
@@ -114,6 +114,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="3 syncs per case instead of 5")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="weights' dtype on both sides (default: bf16, as vLLM serves them)")
+    import record
+    record.add_arguments(ap)
     args = ap.parse_args()
     try:
         import vllm  # noqa: F401
@@ -128,8 +130,9 @@ def main() -> int:
           f"load average {load:.2f} on {os.cpu_count()} CPUs", flush=True)
     full, state = run_case(base + ["nodes.update.lora=null", "nodes.sync.payload=full"], repeats)
     memcpy = memcpy_gb_s(state, repeats)
-    from ray_channel import channel_seconds
-    channel_s = channel_seconds(state, repeats)
+    from ray_channel import channel_timings
+    channel = channel_timings(state, repeats)      # the consumer reads every byte; the local read is taken off
+    channel_s = channel["transfer_s"]
     adapter, _ = run_case(base + lora + ["nodes.generate.lora_serving=adapter"], repeats)
     merged, _ = run_case(base + lora + ["nodes.generate.lora_serving=merged"], repeats)
     print(f"{'payload':<16} {'MB':>8} {'export s':>9} {'hand-over s':>12} {'load s':>7} {'sync s':>7} {'GB/s':>6}")
@@ -145,7 +148,7 @@ def main() -> int:
           f"{path_gb_s:.2f} GB/s ({path_gb_s / memcpy:.0%}), {full['pickled_bytes']} bytes pickled; "
           f"the compiled graph's channel between two actors (a run's hand-over) {channel_s:.3f} s, "
           f"{channel_gb_s:.2f} GB/s ({channel_gb_s / memcpy:.0%})")
-    print(json.dumps({
+    record.emit("weight_sync", {
         "full_sync_s": round(full["sync_s"], 4), "full_gb_s": round(full_gb_s, 3),
         "lora_sync_s": round(adapter["sync_s"], 4), "lora_merged_sync_s": round(merged["sync_s"], 4),
         "lora_bytes": adapter["bytes"], "full_bytes": full["bytes"],
@@ -156,8 +159,9 @@ def main() -> int:
         "pickled_bytes": full["pickled_bytes"],
         "channel_s": round(channel_s, 4), "channel_gb_s": round(channel_gb_s, 3),
         "channel_fraction_of_memcpy": round(channel_gb_s / memcpy, 3),
+        "channel_parts_s": {k: round(channel[k], 4) for k in ("full_s", "small_s", "touch_s")},
         "full_parts_s": {k: round(full[k], 4) for k in ("export_s", "handover_s", "load_s")},
-        "dtype": args.dtype, "load_avg": round(load, 2)}))
+        "dtype": args.dtype, "load_avg": round(load, 2)}, args)
     return 0
 
 
