@@ -14,6 +14,9 @@ cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh || exit 1
 LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
+# benchmark records come back with the logs (copy them into bench/results/); pass OMNIGRAPH_GIT_REV in: the
+# machine's copy of the tree has no (or a stale) .git
+export OMNIGRAPH_BENCH_RESULTS=${OMNIGRAPH_BENCH_RESULTS:-$LOGS/results}
 what=${1:-all}
 status=0
 want() { for w in "$@"; do [ "$what" = "$w" ] && return 0; done; return 1; }

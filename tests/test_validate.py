@@ -96,3 +96,11 @@ class TestValidGraphs:
     def test_colocation_is_allowed_but_reported(self):
         plan = og.compile(canonical_spec(colocate=True))
         assert any("no overlap" in w for w in plan.warnings)
+
+
+def test_float16_training_is_refused_with_the_fix():
+    """A float16 trainer without a gradient scaler would underflow small gradients to zero: refused."""
+    with pytest.raises(GraphError) as e:
+        og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["model.dtype=float16"])
+    assert e.value.where == "model.dtype" and "gradient scaler" in str(e.value) and "bfloat16" in e.value.fix
+    og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["nodes.generate.dtype=float16"])   # rollouts alone: fine
