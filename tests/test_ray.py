@@ -168,3 +168,17 @@ def test_supervised_runs_survive_each_fault_with_the_undisturbed_ledger(ray_sess
     assert len(res.summary["restarts"]) == 1 and fault.split("@")[0] in res.summary["restarts"][0]["cause"]
     s = read(res.run_dir)
     assert s.ok and s.generated == s.trained_once == 8 * 8
+
+
+@pytest.mark.slow
+def test_the_shipped_graph_colocated_by_pools_alone_trains_on_ray(tmp_path):
+    """Every node of graphs/grpo_one_step_off.yaml on one pool (one actor, 2 CPUs): the same bound, a warning
+    that one pool cannot overlap, and it trains with every group once."""
+    over = [f"nodes.{n}.pool=trainer" for n in ("generate", "reward", "old_logprob", "update", "sync")]
+    plan = og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=over + ["pools.trainer.cpus=2",
+                                                                          "schedule.iterations=20"])
+    assert plan.bound == 1 and any("no overlap" in w for w in plan.warnings)
+    res = run(plan, run_dir=tmp_path, executor="ray", progress=False)
+    s = res.summary
+    assert s["groups_lost"] == 0 and s["groups_trained_twice"] == 0 and s["observed_max_staleness"] == 1
+    assert s["reward_last"] > s["reward_first"] + 0.2, s

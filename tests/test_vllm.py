@@ -225,3 +225,25 @@ def test_one_step_off_training_through_vllm_raises_the_reward(tmp_path):
     loads = [r["load_weights_s"] for r in rows if "load_weights_s" in r]
     assert len(loads) >= 25                     # new weights loaded in place, step after step
     assert sum("engine_start_s" in r for r in rows) == 1          # one engine, never restarted
+
+
+def test_on_stale_wait_regenerates_with_the_vllm_backend_on_local_and_ray(tmp_path):
+    """``on_stale: wait`` with vLLM rollouts: the trainer regenerates stale groups with a vLLM engine of its
+    own (a shadow of the rollout's node) and its current weights; the same ledger on both executors."""
+    import json
+    import os
+    from omnigraph.runtime import run
+    from omnigraph.runtime.ledger import read
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    over = ["nodes.generate.backend=vllm", "schedule.ahead=3", "schedule.max_staleness=1", "schedule.on_stale=wait",
+            "schedule.iterations=6", "checkpoint.every=null"]
+    ledgers = []
+    for executor in ("local", "ray"):
+        res = run(og.compile(GRAPHS / "grpo_async.yaml", overrides=over), run_dir=tmp_path / executor,
+                  executor=executor, progress=False)
+        s = read(res.run_dir)
+        assert s.ok and s.regenerated > 0 and set(s.staleness) <= {0, 1}, s
+        assert res.summary["observed_max_staleness"] <= 1
+        ledgers.append([(e["event"], e["group"], e.get("version"), e.get("staleness"))
+                        for e in map(json.loads, (res.run_dir / "ledger.jsonl").read_text().splitlines())])
+    assert ledgers[0] == ledgers[1]
