@@ -73,3 +73,21 @@ def build_node(spec: GraphSpec, node: str, actor: str | None = None, shared: dic
     actor = actor or f"{spec.nodes[node].pool}.0"
     ctx = build.context(plan, node, actor, {} if shared is None else shared)
     return build.node_class(plan.graph.nodes[node])(ctx), ctx
+
+
+def initial_reward(rows) -> float:
+    """Mean reward of the batches sampled by the initial weights (version 0), before any update reached the
+    rollout: where a training run started. ``rows`` are metrics rows or node-run records (merged by step).
+
+    >>> initial_reward([{"step": 0, "weights_version": 0, "reward_mean": 0.1},
+    ...                 {"step": 1, "weights_version": 0}, {"step": 1, "reward_mean": 0.3},
+    ...                 {"step": 2, "weights_version": 1, "reward_mean": 0.9}])
+    0.2
+    """
+    steps: dict[int, dict] = {}
+    for r in rows:
+        steps.setdefault(r["step"], {}).update(r)
+    first = [r["reward_mean"] for r in steps.values() if r.get("weights_version") == 0 and "reward_mean" in r]
+    if not first:
+        raise ValueError("no batch sampled by the initial weights carries a reward")
+    return round(sum(first) / len(first), 12)
