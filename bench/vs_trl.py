@@ -84,7 +84,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import record  # noqa: E402
 
 PROMPTS, SAMPLES = 16, 8
-LR, MAX_NEW_TOKENS, CLIP = 1e-3, 16, 0.2
+LR, MAX_NEW_TOKENS, CLIP = 3e-4, 16, 0.2
 MICRO = PROMPTS * SAMPLES          # one micro-batch of all 128 completions, on both sides
 THREADS = 2                        # TRL's torch threads = the colocated omnigraph actor's CPUs
 SEED = 0

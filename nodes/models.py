@@ -39,8 +39,8 @@ ALPHABET = list("0123456789abcdefghijklmnopqrstuvwxyz :=+-*,.?!\n")
 SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
 TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 128}
-WARM = {"batch": 64, "lr": 1e-3, "copy_until": 0.95, "max_steps": 3000, "check_every": 25,
-        "lr_noisy": 1e-4, "noisy_until": 0.115, "max_noisy_steps": 2000, "probe_prompts": 128}
+WARM = {"batch": 64, "lr": 1e-3, "copy_until": 0.99, "max_steps": 3000, "check_every": 25,
+        "lr_noisy": 3e-4, "p_right": 0.1, "noisy_until": 0.25, "max_noisy_steps": 2000, "probe_prompts": 128}
 VERSION = 2
 
 
@@ -121,8 +121,8 @@ def _warm_start(model, tok, task, seed: int, log=print) -> None:
     def train(right: bool) -> None:
         nonlocal step
         prompts = task.batch(step)
-        answers = [p.meta["target"] if right else "".join(rng.choice("0123456789") for _ in range(rng.randint(3, 4)))
-                   for p in prompts]
+        answers = [p.meta["target"] if right or rng.random() < WARM["p_right"] else
+                   "".join(rng.choice("0123456789") for _ in range(rng.randint(3, 4))) for p in prompts]
         enc = _encode(tok, prompts, answers)
         labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
         model.train()

@@ -75,9 +75,10 @@ def build_node(spec: GraphSpec, node: str, actor: str | None = None, shared: dic
     return build.node_class(plan.graph.nodes[node])(ctx), ctx
 
 
-def initial_reward(rows) -> float:
+def initial_reward(rows, key: str = "reward_mean") -> float:
     """Mean reward of the batches sampled by the initial weights (version 0), before any update reached the
-    rollout: where a training run started. ``rows`` are metrics rows or node-run records (merged by step).
+    rollout: where a training run started. ``rows`` are metrics rows or node-run records (merged by step);
+    ``key`` another reward of the rows (e.g. ``gold_reward_mean``).
 
     >>> initial_reward([{"step": 0, "weights_version": 0, "reward_mean": 0.1},
     ...                 {"step": 1, "weights_version": 0}, {"step": 1, "reward_mean": 0.3},
@@ -87,7 +88,7 @@ def initial_reward(rows) -> float:
     steps: dict[int, dict] = {}
     for r in rows:
         steps.setdefault(r["step"], {}).update(r)
-    first = [r["reward_mean"] for r in steps.values() if r.get("weights_version") == 0 and "reward_mean" in r]
+    first = [r[key] for r in steps.values() if r.get("weights_version") == 0 and key in r]
     if not first:
         raise ValueError("no batch sampled by the initial weights carries a reward")
     return round(sum(first) / len(first), 12)
