@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-MODELS = {"tiny": ("tiny", "digits", "float32"), "smollm2": ("smollm2-135m", "arithmetic", "bfloat16")}
+MODELS = {"tiny": ("tiny", "digits", "float32"), "smollm2": ("smollm2-135m", "arithmetic", "auto")}
+"""SmolLM2 in ``auto``: bf16 where the machine runs it natively, else float32 (``omnigraph.precision``)."""
 
 
 def measure(backend: str, model: str, prompts: int, samples: int, new_tokens: int, repeats: int) -> dict:
@@ -45,7 +46,7 @@ def measure(backend: str, model: str, prompts: int, samples: int, new_tokens: in
         f"task.samples_per_prompt={samples}", f"nodes.generate.backend={backend}",
         f"nodes.generate.max_new_tokens={new_tokens}", "nodes.generate.temperature=1.0"])
     t0 = time.perf_counter()
-    node, _ = build_node(spec, "generate")
+    node, ctx = build_node(spec, "generate")
     start_s = time.perf_counter() - t0
     ids = [node.encode(p) for p in step_prompts(spec, 0)]
     best, tokens = 0.0, []
@@ -57,7 +58,7 @@ def measure(backend: str, model: str, prompts: int, samples: int, new_tokens: in
         if i:                                         # the first batch warms up
             best = max(best, n / dt)
             tokens.append(n)
-    return {"backend": backend, "model": model, "tok_s": best, "start_s": start_s,
+    return {"backend": backend, "model": model, "tok_s": best, "start_s": start_s, "dtype": ctx.model.dtype,
             "tokens_per_batch": sum(tokens) / len(tokens)}
 
 
@@ -105,7 +106,7 @@ def main() -> int:
                 key = (model, backend)
                 if key not in best or res["tok_s"] > best[key]["tok_s"]:
                     best[key] = res
-                print(f"  round {r + 1}  {model:<8} {backend:<5} {res['tok_s']:8.1f} tok/s  "
+                print(f"  round {r + 1}  {model:<8} {backend:<5} {res['dtype']:<8} {res['tok_s']:8.1f} tok/s  "
                       f"({res['tokens_per_batch']:.0f} tokens a batch, start {res['start_s']:.1f} s)", flush=True)
     print(f"{'model':<9} {'hf tok/s':>9} {'vllm tok/s':>11} {'ratio':>6}")
     out = {}
@@ -113,7 +114,8 @@ def main() -> int:
         hf, vl = best[(model, "hf")]["tok_s"], best[(model, "vllm")]["tok_s"]
         print(f"{model:<9} {hf:9.1f} {vl:11.1f} {vl / hf:6.2f}")
         out[model] = {"hf_tok_s": round(hf, 1), "vllm_tok_s": round(vl, 1), "ratio": round(vl / hf, 3),
-                      "vllm_start_s": round(best[(model, "vllm")]["start_s"], 1)}
+                      "vllm_start_s": round(best[(model, "vllm")]["start_s"], 1),
+                      "dtype": best[(model, "vllm")]["dtype"]}
     main_model = "smollm2" if "smollm2" in out else models[0]
     record.emit("generate", {**out[main_model], "model": MODELS[main_model][0],
                       **{f"{m}_{k}": v for m in out if m != main_model for k, v in out[m].items()},

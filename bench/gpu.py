@@ -292,7 +292,7 @@ def runtime(path: Path, iterations: int, quick: bool) -> dict:
     from omnigraph.runtime import run
     common = [f"schedule.iterations={iterations}", "task.prompts=16", f"nodes.generate.max_new_tokens={32 if quick else 64}",
               "nodes.update.micro_batch_size=32", "nodes.old_logprob.micro_batch_size=32",
-              "pools.rollout.gpus=0.5", "pools.trainer.gpus=0.5", "model.dtype=bfloat16"]
+              "pools.rollout.gpus=0.5", "pools.trainer.gpus=0.5", "model.dtype=auto"]
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode, graph in (("sync", ROOT / "graphs" / "grpo_sync.yaml"), ("one_step_off", GPU_GRAPH)):

@@ -207,7 +207,7 @@ def runtime(model: str, iterations: int, args) -> dict:
     common = [f"model.path={path}", f"schedule.iterations={iterations}", f"task.prompts={args.prompts}",
               f"nodes.generate.max_new_tokens={args.new_tokens}", "nodes.generate.eval_every=0",
               "nodes.update.micro_batch_size=32", "nodes.old_logprob.micro_batch_size=32", "checkpoint.every=null",
-              "model.dtype=bfloat16" if not args.smoke else "model.dtype=float32", "runtime.seed=0"]
+              "model.dtype=auto" if not args.smoke else "model.dtype=float32", "runtime.seed=0"]
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for layout, gpus in layouts.items():

@@ -91,6 +91,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
     from nodes.policy import _native_bf16
+    from omnigraph.precision import resolve
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     extra = [f"task.prompts={args.prompts}"] if args.prompts else []
@@ -110,6 +111,10 @@ def main() -> int:
           f"batch of {len(base)} completions (prompt {P} + up to {base.fields['input_ids'].shape[1] - P} tokens, "
           f"{tokens} tokens), micro-batch {micro} ({n_micro} per update), {args.threads} thread(s), {rounds} "
           f"alternating rounds; native bf16 {_native_bf16()}, load average {os.getloadavg()[0]:.2f}", flush=True)
+    auto = resolve("auto", "cpu")
+    if auto.dtype != "bfloat16":
+        print(f"  note: this machine has no native bf16 ({auto.why}): bfloat16 below is emulated; "
+              "model.dtype: auto picks float32 here", flush=True)
 
     # the logprob gap on the same tokens, both trainers at the same initial weights
     with torch.no_grad():
@@ -141,7 +146,7 @@ def main() -> int:
            "fp32_times_s": [round(t, 4) for t in times["float32"]], "bf16_times_s": [round(t, 4) for t in times["bfloat16"]],
            "last_loss": {d: None if v is None else round(v, 5) for d, v in losses.items()},
            "logprob_max_abs_diff": round(float(diff.max()), 4), "logprob_mean_abs_diff": round(float(diff.mean()), 5),
-           "native_bf16": _native_bf16(), "torch": torch.__version__, "load_avg": round(os.getloadavg()[0], 2)}
+           "native_bf16": _native_bf16(), "auto_dtype": auto.dtype, "torch": torch.__version__, "load_avg": round(os.getloadavg()[0], 2)}
     print(f"  median per update: float32 {fp32:.3f} s, bfloat16 (fp32 masters, bf16 autocast) {bf16:.3f} s: "
           f"x{fp32 / bf16:.2f} ({fp32 / n_micro:.3f} vs {bf16 / n_micro:.3f} s per micro-batch of {micro}); "
           f"logprob gap mean {res['logprob_mean_abs_diff']}, max {res['logprob_max_abs_diff']}")

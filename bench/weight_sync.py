@@ -20,7 +20,7 @@ generate backend (``nodes.vllm_backend``), on SmolLM2-135M. One sync is
 ``memcpy_gb_s`` is one copy of the same bytes (``torch`` tensor copy, the
 same process, the same run). Each figure is the median of ``--repeats``.
 
-    python bench/weight_sync.py [--quick] [--dtype bfloat16|float32]
+    python bench/weight_sync.py [--quick] [--dtype auto|bfloat16|float32]
 
 Needs the ``vllm`` extra. Last line: JSON with ``full_sync_s``,
 ``full_gb_s``, ``lora_sync_s``, ``lora_bytes``, ``full_bytes``,
@@ -112,8 +112,8 @@ def run_case(overrides: list[str], repeats: int) -> tuple[dict, dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 syncs per case instead of 5")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                    help="weights' dtype on both sides (default: bf16, as vLLM serves them)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                    help="weights' dtype on both sides (default auto: bf16 where this CPU runs it natively)")
     import record
     record.add_arguments(ap)
     args = ap.parse_args()
@@ -123,6 +123,11 @@ def main() -> int:
         sys.exit(f"bench/weight_sync.py needs the vllm extra ({type(e).__name__}: {e}): pip install -e '.[vllm]'")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     repeats = 3 if args.quick else 5
+    from omnigraph.precision import resolve
+    chosen = resolve(args.dtype, "cpu")
+    if args.dtype == "auto":
+        print(f"model.dtype auto -> {chosen.dtype} ({chosen.why})", flush=True)
+    args.dtype = chosen.dtype
     base = [f"model.dtype={args.dtype}", "nodes.generate.dtype=null"]
     lora = ["nodes.update.lora.target_modules=[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"]
     load = os.getloadavg()[0]

@@ -1,4 +1,4 @@
-"""Rule-based rewards: plain functions ``(prompt, completion, **meta) -> float``.
+r"""Rule-based rewards: plain functions ``(prompt, completion, **meta) -> float``.
 
 A graph names one by dotted path (``fn: nodes.rewards:digits_match``), so a
 user brings their own the same way.
@@ -15,11 +15,19 @@ user brings their own the same way.
 0.8
 >>> arithmetic_reward("What is 13 + 14?", "25", target="27")
 0.2
+>>> exact_match("Capital of France?", " Paris ", target="Paris")
+1.0
+>>> math_verify("Half of one?", "The answer is \\boxed{\\frac{1}{2}}", target="0.5")
+1.0
+>>> math_verify("Half of one?", "It is 0.25.", target="1/2")
+0.0
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 
 NUMBER = re.compile(r"-?\d+")
 
@@ -48,3 +56,28 @@ def arithmetic_reward(prompt: str, completion: str, *, target: str, **meta) -> f
     correct = bool(numbers) and numbers[-1] == target
     formatted = NUMBER.fullmatch(completion.strip()) is not None
     return 0.8 * correct + 0.2 * formatted
+
+
+def exact_match(prompt: str, completion: str, *, target: str, **meta) -> float:
+    """1.0 when the reply, stripped, is the target, else 0.0."""
+    return float(completion.strip() == str(target).strip())
+
+
+def math_verify(prompt: str, completion: str, *, target: str, **meta) -> float:
+    """1.0 when the reply's answer equals the target mathematically, by `math-verify
+    <https://pypi.org/project/math-verify/>`_: ``\\boxed{}`` first, else the last LaTeX or plain expression;
+    ``1/2``, ``0.5`` and ``\\frac{1}{2}`` are the same answer. The target may be LaTeX or plain.
+
+    math-verify bounds its own time with ``SIGALRM``, which works only on the main thread; a node called on
+    another thread (Ray's) runs it unbounded (sympy on one short answer)."""
+    import math_verify as mv                  # heavy (sympy, antlr): only graphs that score math pay for it
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold_text = str(target)
+    if "$" not in gold_text and "\\boxed" not in gold_text:
+        gold_text = f"${gold_text}$"
+    gold = mv.parse(gold_text, parsing_timeout=timeout)
+    answer = mv.parse(completion, parsing_timeout=timeout)
+    if not gold or not answer:
+        return 0.0
+    return float(mv.verify(gold, answer, timeout_seconds=timeout))

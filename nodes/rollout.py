@@ -12,7 +12,8 @@ returning the fields below; this base turns them into a
 - ``logprob`` ``[B, C]``: log-probabilities of the sampled tokens under the
   sampling policy ``softmax(logits / temperature)``, the behaviour policy of
   the decoupled PPO loss;
-- ``prompt``, ``completion``, ``target`` (texts, for the reward).
+- ``prompt``, ``completion``, ``target`` (texts, for the reward), ``meta`` (each
+  prompt's ``meta``: the reward function gets its keys as keyword arguments).
 
 ``input_ids`` and ``attention_mask`` are prompt-aligned (``meta["prompt_aligned"]``):
 shards from several rollout ranks join with their prompts left-padded alike.
@@ -23,7 +24,9 @@ from __future__ import annotations
 import time
 import zlib
 
-from omnigraph.sdk import ConfigError, NodeContext, Prompt, SampleBatch, Weights
+from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
+
+from nodes.prompting import encode
 
 
 def step_seed(seed: int, step: int, rank: int, salt: str = "gen") -> int:
@@ -45,7 +48,8 @@ class Rollout:
         fields = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
                   "response_mask": out["response_mask"], "logprob": out["logprob"],
                   "prompt": [prompts[i // k].text for i in range(n)], "completion": out["completion"],
-                  "target": [prompts[i // k].meta.get("target", "") for i in range(n)]}
+                  "target": [prompts[i // k].meta.get("target", "") for i in range(n)],
+                  "meta": [prompts[i // k].meta for i in range(n)]}
         meta = {"prompt_len": out["prompt_len"], "temperature": self.options.temperature,
                 "prompt_aligned": {"input_ids": self.tok.pad_token_id, "attention_mask": 0}}
         batch = SampleBatch(step, [prompts[i // k].group for i in range(n)], [weights.version] * n,
@@ -58,25 +62,12 @@ class Rollout:
         """Greedy completions of the held-out prompts, scored later by the reward node."""
         out = self.sample([self.encode(p) for p in prompts], 1, greedy=True, seed=0)
         return {"prompt": [p.text for p in prompts], "completion": out["completion"],
-                "target": [p.meta.get("target", "") for p in prompts], "version": self.version}
+                "target": [p.meta.get("target", "") for p in prompts], "meta": [p.meta for p in prompts],
+                "version": self.version}
 
     def encode(self, prompt: Prompt) -> list[int]:
-        """The prompt's token ids, the same on every backend.
-
-        Plain prompts: bos + the tokenizer's ids for the text (nothing else added). Chat prompts
-        (``prompt.chat``): the model's chat template around the system message and the text, ending with the
-        assistant turn's opening."""
-        tok = self.tok
-        if prompt.chat:
-            if not tok.chat_template:
-                raise ConfigError(f"the task's prompts are chat messages but the tokenizer of "
-                                  f"'{self.ctx.model.name}' has no chat template", where="model.path",
-                                  fix="use an instruct model with a chat template, or a task of plain prompts")
-            msgs = [{"role": "system", "content": prompt.system}] if prompt.system else []
-            text = tok.apply_chat_template(msgs + [{"role": "user", "content": prompt.text}],
-                                           add_generation_prompt=True, tokenize=False)
-            return tok(text, add_special_tokens=False).input_ids
-        return [tok.bos_token_id] + tok(prompt.text, add_special_tokens=False).input_ids
+        """The prompt's token ids, the same on every backend (:func:`nodes.prompting.encode`)."""
+        return encode(self.tok, prompt, self.ctx.model.name)
 
     def stop_ids(self) -> list[int]:
         """The end-of-sequence token and the option ``stop`` strings (single tokens)."""

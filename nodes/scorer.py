@@ -2,7 +2,8 @@
 
 The function is a registered reward (``fn: digits_match``, entry-point group
 ``omnigraph.rewards``) or a dotted path (``fn: my_pkg.rewards:exact``); it is
-called as ``fn(prompt, completion, **meta)`` with the sample's ``target``.
+called as ``fn(prompt, completion, **meta)``: ``meta`` is the prompt's own (``Prompt.meta``: the ``target``
+and, for prompts from data, every field of the row), so a verifier can read what it needs.
 Backend ``synthetic`` scores an exact match without a function.
 
 Advantages: each sample's reward minus its prompt group's mean, divided by
@@ -21,7 +22,13 @@ from omnigraph.sdk import NodeContext, SampleBatch, load
 
 from nodes.synthetic import spend
 
-META_FIELDS = ("target",)
+
+
+def sample_meta(fields: dict, i: int) -> dict:
+    """Sample ``i``'s keyword arguments for the reward function: its prompt's meta, else its target."""
+    if "meta" in fields:
+        return {"target": fields["target"][i], **fields["meta"][i]} if "target" in fields else dict(fields["meta"][i])
+    return {"target": fields["target"][i]} if "target" in fields else {}
 
 
 def grpo_advantages(rewards: list[float], groups: list[int], normalize_std: bool = True) -> list[float]:
@@ -58,13 +65,14 @@ class Reward:
         if self.fn is None:     # synthetic: exact-match score without a user function
             rewards = [float(c.strip() == t) for c, t in zip(f["completion"], f["target"])]
         else:
-            metas = [{k: f[k][i] for k in META_FIELDS if k in f} for i in range(len(rollout))]
+            metas = [sample_meta(f, i) for i in range(len(rollout))]
             rewards = [self._score(p, c, m) for p, c, m in zip(f["prompt"], f["completion"], metas)]
         adv = grpo_advantages(rewards, rollout.group_ids, self.options.normalize_std)
         ev = rollout.meta.pop("eval", None)
         if ev is not None and self.fn is not None:
-            scores = [self._score(p, c, {"target": t}) for p, c, t in zip(ev["prompt"], ev["completion"], ev["target"])]
-            self.ctx.log(eval_reward=sum(scores) / max(len(scores), 1), eval_version=ev["version"])
+            scores = [self._score(p, c, sample_meta(ev, i)) for i, (p, c) in enumerate(zip(ev["prompt"], ev["completion"]))]
+            self.ctx.log(eval_reward=sum(scores) / max(len(scores), 1), eval_version=ev["version"],
+                         eval_accuracy=sum(s >= 1.0 for s in scores) / max(len(scores), 1))
         mean = sum(rewards) / max(len(rewards), 1)
         self.ctx.log(reward_mean=mean,
                      reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)))

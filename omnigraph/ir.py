@@ -70,6 +70,8 @@ class Graph:
     edges: list[Edge]
     topo: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    data: dict[str, Any] | None = None
+    """Prompts from data (``task.source``): what the compiler read (source, fingerprint, rows, filtered)."""
 
     def inputs_of(self, node: str) -> list[Edge]:
         return [e for e in self.edges if e.dst == node]

@@ -19,7 +19,7 @@ that lists the known ones and suggests the closest:
 >>> load("tasks", "digts", where="task.name")
 Traceback (most recent call last):
 ...
-omnigraph.errors.GraphError: task.name: unknown task 'digts' (did you mean 'digits'? known: arithmetic, digits...
+omnigraph.errors.GraphError: task.name: unknown task 'digts' (did you mean 'digits'? known: arithmetic, ..., digits...
 """
 
 from __future__ import annotations
@@ -133,3 +133,28 @@ def model_dir(path: str, seed: int = 0, log: Callable[[str], None] = print) -> P
                          fix=f"use one of {', '.join(names('models')) or 'the registered models'} or a folder made "
                              "by save_pretrained")
     return p
+
+
+DATA_FIELDS = ("prompt", "answer", "split", "eval_split", "shuffle_seed", "epochs", "max_prompt_tokens", "on_long",
+               "chat", "system")
+
+
+def make_task(spec, log: Callable[[str], None] = lambda _: None) -> Any:
+    """The task (prompt source) of the graph: a registered or dotted factory (``task.name``), or prompts from
+    data (``task.source``: the registered ``dataset`` task for files, ``reasoning_gym`` for that source)."""
+    t = spec.task
+    if t.source is None:
+        factory = named_or_dotted("tasks", t.name, where="task.name")
+        return factory(prompts=t.prompts, seed=t.seed, eval_prompts=t.eval_prompts, **t.options)
+    if t.source == "reasoning_gym":
+        factory = load("tasks", "reasoning_gym", where="task.source")
+        kwargs = {"dataset": t.dataset, "config": t.config, "fewshot": t.fewshot, "fewshot_answer": t.fewshot_answer}
+    else:
+        factory = load("tasks", "dataset", where="task.source")
+        kwargs = {"source": t.source, "model_name": spec.model.path,
+                  "model_dir": lambda: model_dir(spec.model.path, spec.model.seed, log=log)}
+    fields = {f: getattr(t, f) for f in (DATA_FIELDS if t.source != "reasoning_gym" else t.changed(DATA_FIELDS))}
+    try:
+        return factory(prompts=t.prompts, seed=t.seed, eval_prompts=t.eval_prompts, **fields, **kwargs, **t.options)
+    except ConfigError as e:
+        raise GraphError(e.message, where=e.where or "task.source", fix=e.fix) from None

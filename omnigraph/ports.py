@@ -71,4 +71,11 @@ def is_state(port_type: str) -> bool:
 
 
 def compatible(src_type: str, dst_type: str) -> bool:
-    return src_type == dst_type or ANY in (src_type, dst_type)
+    """Same type, or ``Any``; a ``Rollout`` may also enter a ``Batch`` input: it is a batch not yet scored
+    (``generate -> old_logprob`` beside ``generate -> reward``, joined at the update; the validator checks
+    that every batch the update trains has passed a scorer).
+
+    >>> compatible(ROLLOUT, BATCH), compatible(BATCH, ROLLOUT)
+    (True, False)
+    """
+    return src_type == dst_type or ANY in (src_type, dst_type) or (src_type, dst_type) == (ROLLOUT, BATCH)

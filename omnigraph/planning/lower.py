@@ -22,6 +22,7 @@ import heapq
 
 from .. import plugins, transports
 from ..ir import Edge, Graph
+from ..precision import Precision, cpu_flags, resolve
 from ..schedule import Firing
 from ..staleness import Report
 from .plan import Actor, Channel, Group, Plan, Task, feeds, ranks
@@ -54,8 +55,23 @@ def lower(graph: Graph, staleness: Report, timings: dict[str, float] | None = No
                 fill=firing.fill, steps=firing.steps, iterations=graph.spec.schedule.iterations,
                 staleness=staleness, weights=weights, warnings=list(graph.warnings))
     plan.groups = _groups(plan)
+    plan.dtypes = _dtypes(graph)
     plan.prediction = predict(plan, timings)
     return plan
+
+
+def _dtypes(graph: Graph) -> dict[str, Precision]:
+    """``model.dtype: auto`` on each pool that runs the model: decided now for a CPU pool of this machine
+    (from its ``/proc/cpuinfo``), left to the actors for a GPU pool or a remote cluster's (:mod:`..precision`)."""
+    spec = graph.spec
+    if spec.model.dtype != "auto":
+        return {}
+    pools = dict.fromkeys(n.pool for n in graph.nodes.values()
+                          if n.kind == "custom" or plugins.backend(n.kind, n.backend).uses_model)
+    flags = cpu_flags()
+    here = spec.runtime.address is None
+    return {p: resolve("auto", "cuda" if spec.pools[p].gpus > 0 else "cpu", flags=flags,
+                       decide_here=here and spec.pools[p].gpus <= 0) for p in pools}
 
 
 def actors_of(graph: Graph) -> dict[str, Actor]:

@@ -3,8 +3,9 @@
 A :class:`Plan` holds, and ``print(plan)`` shows (:mod:`.printer`): every
 actor and its tasks in order, the channels between actors and the delay
 buffers inside them, the weights path of every exporter, the process groups
-the executor forms before step 0, the pipeline fill and drain, the proven
-staleness bound and a predicted step time. One plan, several executors
+the executor forms before step 0, the model's dtype on each pool (``auto``
+resolved), the pipeline fill and drain, the proven staleness bound and a
+predicted step time. One plan, several executors
 (``local``, ``ray``, ``ray-tasks``): nothing here knows which one runs it.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Edge, Graph
+from ..precision import Precision
 from ..schedule import Firing
 from ..staleness import Report
 from .predict import Prediction
@@ -88,6 +90,8 @@ class Plan:
     groups: list[Group] = field(default_factory=list)
     prediction: Prediction | None = None
     warnings: list[str] = field(default_factory=list)
+    dtypes: dict[str, Precision] = field(default_factory=dict)
+    """``model.dtype: auto`` on every pool that runs the model (empty for an explicit dtype)."""
 
     def __post_init__(self) -> None:
         self._runs: dict[str, list[Task]] = {}

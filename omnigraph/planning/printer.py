@@ -1,4 +1,4 @@
-"""``print(plan)``: every node, edge, delay, pool, task order, weights path and the staleness bound.
+"""``print(plan)``: every node, edge, delay, pool, task order, weights path, dtype and the staleness bound.
 
 The one printer of a plan: ``omnigraph check`` and ``plan.txt`` in every run
 directory are this text.
@@ -48,6 +48,12 @@ def format_plan(plan) -> str:
         out.append("process groups (formed before step 0):")
         for grp in plan.groups:
             out.append(f"  {grp.name}  {grp.backend} {grp.purpose}: {', '.join(grp.members)}")
+    if g.data:
+        out.append("data:")
+        out.append("  " + data_line(g.data, g.spec))
+    if plan.dtypes:
+        out.append("dtype:")
+        out.extend(f"  {p.line(pool)}" for pool, p in plan.dtypes.items())
     fill_nodes = _partial_steps(plan)
     out.append(f"fill: {fill_nodes[0]}")
     out.append(f"drain: {fill_nodes[1]}")
@@ -73,3 +79,18 @@ def _partial_steps(plan) -> tuple[str, str]:
     offset = plan.steps - f.steps
     tail = "; ".join(f"step {t + offset}: {', '.join(x)}" for t, x in list(enumerate(fired))[-plan.fill:])
     return head, tail
+
+
+def data_line(d: dict, spec) -> str:
+    """One line on prompts from data: where from, how many rows, what was left out, how far the run goes."""
+    t = spec.task
+    if d.get("rows") is None:           # an endless procedural source
+        shots = f"; {d['fewshot']} solved example(s) before each question" if d.get("fewshot") else ""
+        return (f"reasoning_gym {d['dataset']} {d.get('config') or ''} (seed {d['seed']}): endless, "
+                f"{d['held_out']} questions held out; eval {d['eval_rows']} held-out questions{shots}")
+    long = f", {d['filtered']} left out (> max_prompt_tokens {t.max_prompt_tokens})" if d["filtered"] else ""
+    used = spec.schedule.iterations * t.prompts / d["rows"]
+    return (f"{d['rows']} rows from {d['source']} (split {t.split}{long}); eval {d['eval_rows']} rows"
+            + (f" (split {t.eval_split})" if t.eval_split else "")
+            + f"; {d['steps_per_epoch']:.2f} steps per epoch, {spec.schedule.iterations} iterations use "
+              f"{used:.2f} epochs" + (f" of {t.epochs}" if t.epochs else ""))

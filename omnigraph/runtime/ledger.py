@@ -10,7 +10,11 @@ The runtime appends one JSON line per event to ``ledger.jsonl``::
 
 (``regenerated``: with ``schedule.on_stale: wait`` a group found staler than
 ``max_staleness`` is sampled again with the trainer's current weights before
-it is trained; it is still trained once.)
+it is trained; it is still trained once.) With prompts from data
+(``task.source``) a ``generated`` event also names the group's dataset
+``row`` and ``epoch``, and the run directory's ``data.json`` says which rows
+the run draws from, so the ledger can say which rows were trained, dropped or
+never reached.
 
 ``omnigraph ledger RUN_DIR`` reads it back and checks the law of the pipeline:
 every generated group is trained (or dropped, with a reason) exactly once.
@@ -34,9 +38,13 @@ from ..errors import GraphError
 def events(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Ledger events of one node-run record (generate and update runs have some)."""
     out = []
+    rows = {int(g): v for g, v in record.get("generated_rows", {}).items()}
     for g in record.get("generated_groups", []):
-        out.append({"event": "generated", "group": g, "step": record["step"], "actor": record["actor"],
-                    "version": record.get("weights_version")})
+        e = {"event": "generated", "group": g, "step": record["step"], "actor": record["actor"],
+             "version": record.get("weights_version")}
+        if g in rows:
+            e["row"], e["epoch"] = rows[g]
+        out.append(e)
     for g in record.get("trained_groups", []):
         out.append({"event": "trained", "group": g, "step": record["step"], "actor": record["actor"],
                     "version": record.get("version", 1) - 1, "staleness": record.get("staleness_max")})
@@ -58,6 +66,9 @@ class Summary:
     regenerated: int = 0
     unknown: list[int] = field(default_factory=list)
     staleness: dict[int, int] = field(default_factory=dict)
+    rows: dict[str, Any] | None = None
+    """Prompts from data: ``total`` rows the run draws from, and the sorted row indices ``trained`` (at least
+    one group of the row trained), ``dropped`` (generated, never trained), ``never_reached``; ``epochs``."""
 
     @property
     def ok(self) -> bool:
@@ -67,7 +78,9 @@ class Summary:
         return {**asdict(self), "ok": self.ok}
 
 
-def summarize(lines: Iterable[dict[str, Any]]) -> Summary:
+def summarize(lines: Iterable[dict[str, Any]], data: dict[str, Any] | None = None) -> Summary:
+    """The law of the pipeline over ledger events; ``data`` (a run's ``data.json``) adds the rows' fate."""
+    lines = list(lines)
     generated: set[int] = set()
     trained: Counter[int] = Counter()
     dropped: Counter[int] = Counter()
@@ -88,12 +101,27 @@ def summarize(lines: Iterable[dict[str, Any]]) -> Summary:
         elif kind == "regenerated":
             regenerated.add(e["group"])
     handled = trained + dropped
-    return Summary(generated=len(generated),
+    rows = _rows(lines, trained, data) if data is not None else None
+    return Summary(rows=rows, generated=len(generated),
                    trained_once=sum(1 for g, n in trained.items() if n == 1 and not dropped[g]),
                    trained_twice=sorted(g for g, n in handled.items() if n > 1), dropped=dict(reasons),
                    lost=len(generated - set(handled)), regenerated=len(regenerated),
                    unknown=sorted((set(handled) | regenerated) - generated),
                    staleness=dict(sorted(staleness.items())))
+
+
+def _rows(lines: list[dict[str, Any]], trained: Counter, data: dict[str, Any]) -> dict[str, Any]:
+    row_of = {e["group"]: e["row"] for e in lines if e.get("event") == "generated" and "row" in e}
+    done = {row_of[g] for g in trained if g in row_of}
+    reached = set(row_of.values())
+    epochs = sorted({e["epoch"] for e in lines if e.get("event") == "generated" and "epoch" in e})
+    out: dict[str, Any] = {"trained": sorted(done), "dropped": sorted(reached - done), "epochs": len(epochs)}
+    split = data.get("split")
+    if split:                                          # a finite table: the rows the run could have reached
+        start, stop = split["range"]
+        usable = set(range(start, stop)) - set(split.get("left_out", []))
+        out.update(total=len(usable), never_reached=sorted(usable - reached))
+    return out
 
 
 def read(run_dir: str | Path) -> Summary:
@@ -108,7 +136,8 @@ def read(run_dir: str | Path) -> Summary:
         except json.JSONDecodeError:
             if n < len(lines):      # a torn last line is a crash, not corruption
                 raise GraphError(f"ledger line {n} is not JSON", where=str(path)) from None
-    return summarize(rows)
+    data = Path(run_dir) / "data.json"
+    return summarize(rows, json.loads(data.read_text()) if data.is_file() else None)
 
 
 def format_summary(s: Summary) -> str:
@@ -121,5 +150,20 @@ def format_summary(s: Summary) -> str:
              f"lost (never trained):    {s.lost}",
              f"regenerated (stale):     {s.regenerated}",
              f"staleness of trained groups (staleness: groups): {stale}",
+             *_format_rows(s.rows),
              "ledger: OK, every group handled exactly once" if s.ok else "ledger: NOT OK"]
     return "\n".join(lines)
+
+
+def _format_rows(rows: dict[str, Any] | None) -> list[str]:
+    if rows is None:
+        return []
+
+    def some(ids: list[int]) -> str:
+        return f" (rows {', '.join(map(str, ids[:8]))}{', ...' if len(ids) > 8 else ''})" if ids else ""
+    total = f" of {rows['total']}" if "total" in rows else ""
+    out = [f"dataset rows trained:    {len(rows['trained'])}{total} over {rows['epochs']} epoch(s)",
+           f"rows dropped:            {len(rows['dropped'])}{some(rows['dropped'])}"]
+    if "never_reached" in rows:
+        out.append(f"rows never reached:      {len(rows['never_reached'])}{some(rows['never_reached'])}")
+    return out

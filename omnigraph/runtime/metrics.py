@@ -15,11 +15,15 @@ from .ledger import read
 from ..records import steady
 
 SKIP = {"node", "actor", "step", "seconds", "t_start", "t_end", "trained_groups", "dropped_groups",
-        "generated_groups", "regenerated_groups", "kind", "wait_s", "wait_for", "weights", "apply_s"}
+        "generated_groups", "generated_rows", "regenerated_groups", "kind", "wait_s", "wait_for", "weights", "apply_s"}
 
 
 def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -> dict[str, Any]:
     """Fold one step's records into one metrics row.
+
+    Off-policy, on every step the trainer trains: ``staleness_mean`` and ``staleness_max`` of the batch as it
+    reached the trainer (``on_stale: wait``: of the regenerated batch), ``dropped`` and ``regenerated``
+    samples, ``dropped_groups`` and ``regenerated_groups`` (prompt groups).
 
     ``timing_s/<node>``: compute seconds (slowest rank); ``timing_s/gen``: how long the
     trainer waited for samples (~0 when generation is hidden); ``timing_s/update_weights``:
@@ -32,6 +36,7 @@ def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -
     busy: dict[str, float] = {}
     waits: dict[tuple[str, bool], float] = {}
     applies: dict[str, float] = {}
+    groups: dict[str, set] = {"dropped_groups": set(), "regenerated_groups": set()}
     for r in result.records:
         kind = r.get("kind", "run")
         if kind == "wait":
@@ -45,6 +50,8 @@ def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -
         row[key] = max(row.get(key, 0.0), r.get("seconds", 0.0))
         busy[r["actor"]] = busy.get(r["actor"], 0.0) + r.get("seconds", 0.0)
         for k, v in r.items():
+            if k in groups:
+                groups[k].update(v)
             if k in SKIP:
                 continue
             if k in ("staleness_max", "version", "weights_version"):
@@ -55,6 +62,9 @@ def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -
                 row[f"{r['node']}/batch"] = v
             else:
                 row.setdefault(k, v)
+    if "staleness_max" in row:                  # the trainer trained: the off-policy figures, every such step
+        row.setdefault("regenerated", 0)
+        row.update({k: len(v) for k, v in groups.items()})
     if plan is not None:
         _pipeline_metrics(row, plan, busy, waits, applies, step_s)
     return row

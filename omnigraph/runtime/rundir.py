@@ -9,7 +9,11 @@
 - ``timeline.jsonl``: the node runs of the first steps (the measured pipeline);
 - ``restarts.jsonl``: each supervised restart with its cause, each resume and
   each damaged checkpoint skipped;
-- ``checkpoints/``, ``final/``, ``summary.json`` and the plots.
+- ``data.json``: with prompts from data, what was read (source, fingerprint, rows, rows left out), checked
+  again by ``--resume`` and read by ``omnigraph ledger``;
+- ``checkpoints/``, ``final/``, ``summary.json`` and the plots;
+- with ``runtime.loggers``: ``tensorboard/``, ``wandb/``, ``mlruns/`` and ``loggers.json`` (the W&B and
+  MLflow run ids a resumed run continues, :mod:`.loggers`).
 
 A run never writes outside its directory and never reuses an existing one.
 """
@@ -48,6 +52,22 @@ def write_header(out: Path, plan) -> None:
     spec = plan.graph.spec
     (out / "config.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     (out / "plan.txt").write_text(str(plan) + "\n")
+    if plan.graph.data:                 # prompts from data: what was read, for the ledger and for --resume
+        (out / "data.json").write_text(json.dumps(plan.graph.data, indent=2, default=str) + "\n")
+
+
+def check_data(out: Path, plan) -> None:
+    """A resumed run reads the same data it started with: a changed file would silently change which rows
+    the next steps see."""
+    path = out / "data.json"
+    if not plan.graph.data or not path.is_file():
+        return
+    was = json.loads(path.read_text()).get("fingerprint")
+    now = plan.graph.data.get("fingerprint")
+    if was != now:
+        raise GraphError(f"the data changed since the run started (fingerprint {was}, now {now}): the resumed "
+                         f"steps would not see the rows the run's data order promises", where="task.source",
+                         fix="restore the data the run started with, or start a new run on the new data")
 
 
 def config_of(run_dir: str | Path, where: str) -> Path:

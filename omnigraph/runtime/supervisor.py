@@ -25,10 +25,10 @@ from ..errors import GraphError, NodeFailure
 from ..executors import for_executor, make_executor
 from . import checkpoint as ckpt
 from .ledger import events
-from .loggers import make as make_loggers
+from .loggers import make as make_loggers, run_params
 from .metrics import step_metrics, summary
 from .progress import Progress
-from .rundir import RunFiles, append, new_run_dir, write_header
+from .rundir import RunFiles, append, check_data, new_run_dir, write_header
 
 TIMELINE_STEPS = 16
 """Node runs of the first steps go to timeline.jsonl, for the measured pipeline picture."""
@@ -55,6 +55,7 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
         write_header(out, plan)
     else:
         out = Path(resume)
+        check_data(out, plan)
     graph_id = ckpt.graph_hash((out / "config.yaml").read_text())
     bar = Progress(plan, enabled=progress, console=console)
     restarts: list[dict[str, Any]] = []
@@ -102,7 +103,7 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
     start = restart.step + 1 if restart else 0
     files = RunFiles(out, restart.manifest if restart else ({} if resume else None))
     ex = make_executor(plan, on_status=bar.status)
-    loggers = make_loggers(spec.runtime.loggers, out, start)
+    loggers = make_loggers(spec.runtime.loggers, out, start, run_params(plan, out))
     every = spec.checkpoint.every
     barrier = (lambda t: bool(every) and 0 < t < plan.steps and t % every == 0) if every else None
     rows: list[dict[str, Any]] = []

@@ -46,6 +46,9 @@ class Prompt:
     chat: bool = False
     """Wrap ``text`` in the model's chat template (as the user's message, after ``system``)."""
     system: str | None = None
+    messages: list[dict[str, str]] | None = None
+    """A whole conversation (``[{"role": ..., "content": ...}, ...]``) to render with the chat template instead
+    of ``system`` + ``text`` (``text`` is then the last user message, for the reward)."""
 
 
 def _take(values: Any, idx: list[int]) -> Any:

@@ -1,0 +1,30 @@
+"""A prompt's token ids, defined once: the rollouts sample from them and the data tasks measure them
+(``task.max_prompt_tokens``), so a prompt that passes the length check is exactly what the model reads.
+
+Plain prompts: bos + the tokenizer's ids for the text, nothing else added. Chat prompts (``prompt.chat``,
+or ``prompt.messages``): the model's chat template around the messages (``system`` first when set), ending
+with the opening of the assistant's turn.
+"""
+
+from __future__ import annotations
+
+from omnigraph.sdk import ConfigError, Prompt
+
+
+def messages(prompt: Prompt) -> list[dict[str, str]]:
+    if prompt.messages:
+        return list(prompt.messages)
+    head = [{"role": "system", "content": prompt.system}] if prompt.system else []
+    return head + [{"role": "user", "content": prompt.text}]
+
+
+def encode(tok, prompt: Prompt, model_name: str = "the model") -> list[int]:
+    if prompt.chat or prompt.messages:
+        if not tok.chat_template:
+            raise ConfigError(f"the task's prompts are chat messages but the tokenizer of '{model_name}' has no "
+                              "chat template", where="model.path",
+                              fix="use an instruct model with a chat template, or a task of plain prompts "
+                                  "(task.chat: false, a prompt field of text)")
+        text = tok.apply_chat_template(messages(prompt), add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False).input_ids
+    return [tok.bos_token_id] + tok(prompt.text, add_special_tokens=False).input_ids

@@ -1,0 +1,226 @@
+"""Prompts from data (``task.source``): files through Hugging Face ``datasets``, reasoning-gym, the verifiers;
+the data order as a function of the step, the ledger by row, and resuming on the same data only."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import omnigraph as og
+from omnigraph import plugins
+from omnigraph.errors import NodeFailure
+from omnigraph.runtime import run
+from omnigraph.runtime.ledger import read
+
+from conftest import GRAPHS, ROOT
+
+DATA_GRAPH = GRAPHS / "grpo_dataset.yaml"
+RG_GRAPH = GRAPHS / "smollm2_reasoning_gym.yaml"
+ROWS = [{"id": f"r{i}", "question": f"copy {1000 + i}:", "answer": str(1000 + i), "n": i} for i in range(40)]
+
+
+def task(**fields):
+    """The task of the dataset graph with ``fields`` as ``task.*`` overrides (values as YAML)."""
+    spec = og.load(DATA_GRAPH, [f"task.{k}={v}" for k, v in fields.items()])
+    return plugins.make_task(spec)
+
+
+def write_jsonl(path: Path, rows=ROWS) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def omnigraph(*args, cwd=ROOT):
+    exe = Path(sys.executable).parent / "omnigraph"
+    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+class TestFiles:
+    def test_the_shipped_file_is_what_its_script_writes(self):
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import make_digits_data
+        assert (ROOT / "data" / "digits_copy.jsonl").read_text() == make_digits_data.text()
+
+    def test_jsonl_csv_parquet_and_a_saved_dataset_give_the_same_prompts(self, tmp_path):
+        import datasets
+        ds = datasets.Dataset.from_list(ROWS)
+        ds.to_csv(str(tmp_path / "rows.csv"))
+        ds.to_parquet(str(tmp_path / "rows.parquet"))
+        ds.save_to_disk(str(tmp_path / "saved"))
+        common = {"prompt": "question", "max_prompt_tokens": "null", "epochs": "null", "split": "train",
+                  "eval_split": "null"}
+        want = [(p.text, p.meta["target"], p.meta["row"]) for p in
+                task(source=write_jsonl(tmp_path / "rows.jsonl"), **common).batch(1)]
+        for source in ("rows.csv", "rows.parquet", "saved"):
+            got = [(p.text, p.meta["target"], p.meta["row"]) for p in task(source=tmp_path / source, **common).batch(1)]
+            assert got == want, source
+        assert len(want) == 16 and all(t == f"copy {1000 + r}:" for t, _, r in want)
+
+    def test_splits_slice_and_the_eval_rows_are_not_trained(self):
+        t = task()
+        assert t.describe()["rows"] == 340 and t.describe()["eval_rows"] == 60
+        trained = {p.meta["row"] for s in range(40) for p in t.batch(s)}
+        held = {p.meta["row"] for p in t.eval_set()}
+        assert trained == set(range(340)) and held <= set(range(340, 400))
+
+    def test_the_data_order_is_a_function_of_the_step_and_reshuffles_every_epoch(self):
+        a, b = task(), task()
+        assert [p.text for p in a.batch(7)] == [p.text for p in b.batch(7)]
+        rows = a.describe()["rows"]
+        epoch0 = [a.train[i][0] for i in a.order(0)]
+        epoch1 = [a.train[i][0] for i in a.order(1)]
+        assert sorted(epoch0) == sorted(epoch1) and epoch0 != epoch1
+        assert a.cursor(30) == {"epoch": 30 * 16 // rows, "position": 30 * 16 % rows, "rows": rows}
+        assert {p.meta["epoch"] for p in a.batch(30)} == {1}
+        assert [p.meta["row"] for p in task(shuffle_seed="null").batch(0)] == list(range(16))
+
+    def test_rows_of_chat_messages_go_through_the_chat_template(self, tmp_path):
+        rows = [{"messages": [{"role": "user", "content": f"copy {i}:"}], "answer": str(i)} for i in range(20)]
+        t = task(source=write_jsonl(tmp_path / "chat.jsonl", rows), prompt="messages", max_prompt_tokens="null",
+                 epochs="null", eval_split="null", split="train", system="'Be brief.'")
+        p = t.batch(0)[0]
+        assert p.chat and p.messages[0] == {"role": "system", "content": "Be brief."} and p.text.startswith("copy ")
+
+    def test_long_prompts_are_filtered_and_counted_or_refused(self, tmp_path):
+        rows = ROWS + [{"id": "long", "question": "copy " + "9" * 40 + ":", "answer": "9", "n": 99}]
+        source = write_jsonl(tmp_path / "long.jsonl", rows)
+        t = task(source=source, prompt="question", split="train", eval_split="null", epochs="null")
+        assert t.describe()["filtered"] == 1 and t.describe()["split"]["left_out"] == [40]
+        with pytest.raises(og.GraphError, match=r"task.max_prompt_tokens: 1 prompt\(s\) of split 'train' are longer "
+                                                r"than max_prompt_tokens = 16 \(row 40: 47 tokens\)"):
+            og.compile(DATA_GRAPH, overrides=[f"task.source={source}", "task.prompt=question", "task.split=train",
+                                              "task.eval_split=null", "task.epochs=null", "task.on_long=error"])
+
+
+class TestErrors:
+    @pytest.mark.parametrize("override, message", [
+        ("task.source=data/nope.jsonl", "task.source: no such file or folder 'data/nope.jsonl'"),
+        ("task.prompt='{question}'", "task.prompt: the rows have no field 'question' (fields: answer, id, number)"),
+        ("task.answer=solution", "task.answer: the rows have no field 'solution'"),
+        ("task.split=dev", "task.split: no split 'dev' in"),
+        ("task.epochs=1", "task.epochs: 60 iterations need 960 prompts but 1 epoch(s) of 340 rows give 21 steps"),
+    ])
+    def test_a_data_mistake_is_one_line_naming_the_field(self, override, message):
+        p = omnigraph("check", str(DATA_GRAPH), override)
+        assert p.returncode == 1 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+        assert message in p.stderr, p.stderr
+
+    def test_data_fields_without_a_source_and_name_with_a_source_are_refused(self):
+        with pytest.raises(og.GraphError, match="task.prompt applies to prompts from data only"):
+            og.compile(GRAPHS / "grpo_sync.yaml", overrides=["task.prompt=question"])
+        with pytest.raises(og.GraphError, match="task.name and task.source are exclusive"):
+            og.compile(DATA_GRAPH, overrides=["task.name=arithmetic"])
+
+    def test_a_file_that_is_not_json_lines_is_one_error(self, tmp_path):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"prompt": "a", "answer": "b"}\n{not json\n')
+        with pytest.raises(og.GraphError, match="task.source: cannot read"):
+            og.compile(DATA_GRAPH, overrides=[f"task.source={bad}"])
+
+
+class TestReasoningGym:
+    def test_training_never_sees_a_held_out_question(self):
+        spec = og.load(RG_GRAPH, ["task.prompts=64"])
+        t = plugins.make_task(spec)
+        train = {p.meta["data"]["question"] for s in range(20) for p in t.batch(s)}
+        held = {p.meta["data"]["question"] for p in t.eval_set()}
+        assert len(held) == 64 and not train & held
+
+    def test_the_reward_is_the_datasets_own_score(self):
+        import reasoning_gym as rg
+        spec = og.load(RG_GRAPH)
+        t = plugins.make_task(spec)
+        fn = plugins.load("rewards", "reasoning_gym")
+        ds = rg.create_dataset("chain_sum", size=1000, seed=0, min_terms=2, max_terms=2, min_digits=1, max_digits=2)
+        for p in t.batch(3)[:4]:
+            answer = p.meta["target"]
+            for reply in (answer, f"<answer>{answer}</answer>", f"It is {answer}.", "no idea"):
+                want = ds.score_answer(reply if "<answer>" not in reply else answer, p.meta["data"])
+                assert fn(p.text, reply, **p.meta) == want
+        assert fn(p.text, p.meta["target"], **p.meta) == 1.0
+
+    def test_fewshot_examples_come_before_each_question_and_are_never_trained_or_evaluated(self):
+        spec = og.load(RG_GRAPH, ["task.fewshot=2", "task.fewshot_answer='<answer>{answer}</answer>'",
+                                  "task.system=Be brief."])
+        t = plugins.make_task(spec)
+        p = t.batch(0)[0]
+        roles = [m["role"] for m in p.messages]
+        assert roles == ["system", "user", "assistant", "user", "assistant", "user"] and p.chat
+        assert p.messages[-1]["content"] == p.text and p.messages[2]["content"].startswith("<answer>")
+        shots = {m["content"] for m in p.messages[1:-1:2]}
+        seen = {q.text for s in range(20) for q in t.batch(s)} | {q.text for q in t.eval_set()}
+        assert len(shots) == 2 and not shots & seen
+        assert all(q.messages[:-1] == p.messages[:-1] for q in t.eval_set()[:5])     # the same examples
+        assert "2 solved example(s) before each question" in str(og.compile(spec))
+
+    def test_a_fewshot_template_over_a_missing_field_and_fewshot_on_files_are_refused(self):
+        with pytest.raises(og.GraphError, match=r"task.fewshot_answer: the template names 'solution'"):
+            og.compile(RG_GRAPH, overrides=["task.fewshot=1", "task.fewshot_answer='{solution}'"])
+        with pytest.raises(og.GraphError, match="task.fewshot apply to source: reasoning_gym only"):
+            og.compile(DATA_GRAPH, overrides=["task.fewshot=1"])
+
+    def test_an_unknown_dataset_suggests_the_closest_and_a_bad_config_names_the_field(self):
+        with pytest.raises(og.GraphError, match="task.dataset: reasoning-gym has no dataset 'chain_summ' "
+                                                "\\(did you mean 'chain_sum'"):
+            og.compile(RG_GRAPH, overrides=["task.dataset=chain_summ"])
+        with pytest.raises(og.GraphError, match="task.config: reasoning-gym rejected the configuration"):
+            og.compile(RG_GRAPH, overrides=["task.config={min_terms: 5, max_terms: 2}"])
+
+
+class TestVerifiers:
+    @pytest.mark.parametrize("reply, target, score", [
+        ("The answer is \\boxed{\\frac{1}{2}}", "0.5", 1.0), ("so x = 1/2", "\\frac{1}{2}", 1.0),
+        ("\\boxed{3}", "4", 0.0), ("I do not know", "4", 0.0), ("$2\\sqrt{2}$", "\\sqrt{8}", 1.0)])
+    def test_math_verify_compares_answers_mathematically(self, reply, target, score):
+        assert plugins.load("rewards", "math_verify")("q", reply, target=target) == score
+
+    def test_exact_match_strips_whitespace_only(self):
+        fn = plugins.load("rewards", "exact_match")
+        assert fn("q", " Paris\n", target="Paris") == 1.0 and fn("q", "paris", target="Paris") == 0.0
+
+
+def generated_rows(run_dir: Path) -> dict[int, tuple[int, int]]:
+    return {e["group"]: (e["row"], e["epoch"]) for e in map(json.loads, (run_dir / "ledger.jsonl").read_text().splitlines())
+            if e["event"] == "generated"}
+
+
+@pytest.mark.slow
+def test_the_dataset_graph_trains_and_the_ledger_says_which_rows(tmp_path):
+    """60 steps over 340 rows (2.8 epochs) on the local executor: the reward rises, every row is trained, and
+    the plan, data.json and the ledger agree on the rows."""
+    plan = og.compile(DATA_GRAPH, overrides=["runtime.executor=local"])
+    assert "340 rows from" in str(plan) and "2.82 epochs of 3" in str(plan)
+    res = run(plan, run_dir=tmp_path, progress=False)
+    rewards = [r["reward_mean"] for r in res.metrics if "reward_mean" in r]
+    assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.3, rewards
+    assert json.loads((res.run_dir / "data.json").read_text())["rows"] == 340
+    s = read(res.run_dir)
+    assert s.ok and s.rows["total"] == 340 and len(s.rows["trained"]) == 340 and s.rows["never_reached"] == []
+    assert s.rows["epochs"] == 3
+    p = omnigraph("ledger", str(res.run_dir))
+    assert p.returncode == 0 and "dataset rows trained:    340 of 340 over 3 epoch(s)" in p.stdout, p.stdout
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_with_the_next_unseen_row_and_refuses_changed_data(tmp_path, monkeypatch):
+    """Interrupted at step 7, resumed from the step-5 checkpoint: every prompt group gets the same row as in an
+    uninterrupted run, none twice; a data file changed meanwhile is refused before anything runs."""
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"number": str(1000 + i), "answer": str(1000 + i)} for i in range(50)])
+    over = [f"task.source={data}", "task.epochs=null", "schedule.iterations=9", "checkpoint.every=3",
+            "runtime.executor=local", "nodes.generate.eval_every=0", "task.eval_split=null", "task.split=train"]
+    whole = run(og.compile(DATA_GRAPH, overrides=over), run_dir=tmp_path / "a", progress=False).run_dir
+    monkeypatch.setenv("OMNIGRAPH_INJECT", "update@7:raise")
+    with pytest.raises(NodeFailure):
+        run(og.compile(DATA_GRAPH, overrides=over), run_dir=tmp_path / "b", progress=False)
+    monkeypatch.delenv("OMNIGRAPH_INJECT")
+    (d,) = (tmp_path / "b").iterdir()
+    run(og.compile(d / "config.yaml"), resume=d, progress=False)
+    assert generated_rows(d) == generated_rows(whole)
+    s = read(d)
+    assert s.ok and s.rows["total"] == 50 and len(s.rows["trained"]) + len(s.rows["never_reached"]) == 50
+    assert s.generated == 9 * 16 and s.rows["epochs"] == 3          # 144 prompts over 50 rows
+    data.write_text(data.read_text().replace("1007", "7001"))
+    with pytest.raises(og.GraphError, match="task.source: the data changed since the run started"):
+        run(og.compile(d / "config.yaml"), resume=d, progress=False)
