@@ -22,7 +22,38 @@ def _not_merged(node, options, spec) -> list:
 
 
 def _reward_function(node, options, spec) -> list:
-    return _no_model(node, options, spec) or _resolves(node, options.fn, "fn")
+    out = _no_model(node, options, spec) or _resolves(node, options.fn, "fn")
+    episodes = any(getattr(n, "env", None) is not None for n in spec.nodes.values())
+    if not out and not episodes and (options.fn == "env" or options.env_weight):
+        field, what = ("fn", "fn: env") if options.fn == "env" else ("env_weight", "env_weight")
+        out.append(ConfigError(f"{what} scores multi-turn episodes, but no generate node has an env",
+                               where=f"nodes.{node}.{field}",
+                               fix="give the generate node env: {name: ...}, or score with another fn"))
+    return out
+
+
+def _episodes(node, options, spec) -> list:
+    """``env:`` names an environment that loads (a token generator runs it: hf, vllm)."""
+    if options.env is None:
+        return []
+    try:
+        load("environments", options.env.name)
+    except LookupError as e:
+        return [ConfigError(str(e), where=f"nodes.{node}.env.name",
+                            fix="name a registered environment (omnigraph.environments) or module:Class")]
+    return []
+
+
+def _token_generator(node, options, spec) -> list:
+    return _not_merged(node, options, spec) + _episodes(node, options, spec)
+
+
+def _synthetic_generator(node, options, spec) -> list:
+    out = _not_merged(node, options, spec)
+    if options.env is not None:
+        out.append(ConfigError("multi-turn episodes need a token generator, not synthetic stand-in work",
+                               where=f"nodes.{node}.env", fix="use backend: hf or vllm, or remove env"))
+    return out
 
 
 def _no_model(node, options, spec) -> list:
@@ -115,11 +146,11 @@ def _torch_sync(node, options, spec) -> list:
     return []
 
 
-GENERATE_HF = Backend("generate", "nodes.hf:Generate", uses_model=True, check=_not_merged,
+GENERATE_HF = Backend("generate", "nodes.hf:Generate", uses_model=True, check=_token_generator,
                       doc="transformers generate: batched sampling with per-token logprobs")
-GENERATE_VLLM = Backend("generate", "nodes.vllm_backend:VllmGenerate", uses_model=True,
+GENERATE_VLLM = Backend("generate", "nodes.vllm_backend:VllmGenerate", uses_model=True, check=_episodes,
                         doc="a vLLM engine in the rollout actor, weights loaded in place (extra: vllm)")
-GENERATE_SYNTHETIC = Backend("generate", "nodes.synthetic:Generate", check=_not_merged,
+GENERATE_SYNTHETIC = Backend("generate", "nodes.synthetic:Generate", check=_synthetic_generator,
                              doc="stand-in work of `cost` seconds")
 
 REWARD_PYTHON = Backend("reward", "nodes.scorer:Reward", check=_reward_function,

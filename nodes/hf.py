@@ -82,8 +82,10 @@ class Generate(Rollout):
 
     # -- sampling ------------------------------------------------------------
     @torch.no_grad()
-    def sample(self, prompts: list[list[int]], n: int, *, greedy: bool, seed: int) -> dict:
+    def sample(self, prompts: list[list[int]], n: int, *, greedy: bool, seed: int,
+               max_new_tokens: int | None = None) -> dict:
         tok, s = self.tok, self.options
+        C = max_new_tokens or s.max_new_tokens
         P = max(len(p) for p in prompts)
         ids = torch.tensor([[tok.pad_token_id] * (P - len(p)) + p for p in prompts]).repeat_interleave(n, 0)
         mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts]).repeat_interleave(n, 0)
@@ -92,10 +94,9 @@ class Generate(Rollout):
                                   do_sample=not greedy,
                                   temperature=s.temperature if not greedy else None,
                                   top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None,
-                                  max_new_tokens=s.max_new_tokens, eos_token_id=self.stops,
+                                  max_new_tokens=C, eos_token_id=self.stops,
                                   pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True,
                                   stopping_criteria=[self.stopper])
-        C = s.max_new_tokens
         comp = out.sequences[:, P:]
         logits = torch.stack(out.logits, dim=1)                       # [B, c, V], c <= C
         c = comp.shape[1]

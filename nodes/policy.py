@@ -104,11 +104,15 @@ class Policy:
         P = batch.meta["prompt_len"]
         C = f["input_ids"].shape[1] - P
         # only as many completion columns as the longest completion of these rows: padding costs compute
-        c = max(1, int(f["response_mask"][rows].sum(1).max()))
+        # (the attention mask: a multi-turn episode's environment tokens count, though they are not trained)
+        c = max(1, int(f["attention_mask"][rows, P:].sum(1).max()))
         ids, mask = f["input_ids"][rows, :P + c], f["attention_mask"][rows, :P + c]
         with self.amp():
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
-        logits = logits[:, P - 1:-1]
+            # the output head only where a completion token is predicted (positions P-1 .. P+c-2), not
+            # over the prompt: the head of a 49k-token vocabulary is a fifth of a small model's compute
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                           logits_to_keep=c + 1).logits
+        logits = logits[:, :-1]
         pad = (0, C - c)
         lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature), pad)
         if not with_entropy:

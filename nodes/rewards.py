@@ -81,3 +81,10 @@ def math_verify(prompt: str, completion: str, *, target: str, **meta) -> float:
     if not gold or not answer:
         return 0.0
     return float(mv.verify(gold, answer, timeout_seconds=timeout))
+
+
+def env_reward(prompt: str, completion: str, *, episode: dict | None = None, **meta) -> float:
+    """The episode's reward from its environment (multi-turn rollouts, ``generate: {env: ...}``)."""
+    if episode is None:
+        raise ValueError("reward env scores multi-turn episodes: the generate node has no env")
+    return float(episode["reward"])

@@ -15,6 +15,11 @@ returning the fields below; this base turns them into a
 - ``prompt``, ``completion``, ``target`` (texts, for the reward), ``meta`` (each
   prompt's ``meta``: the reward function gets its keys as keyword arguments).
 
+With ``env:`` the samples are multi-turn episodes (:mod:`nodes.episodes`): the completion region holds
+the model's and the environment's tokens (``env.max_tokens`` columns, ``response_mask`` on the model's
+only), ``completion`` is the model's last message and ``meta["episode"]`` the episode's record (its
+reward, turns, tool calls and messages), which the reward function gets as ``episode``.
+
 ``input_ids`` and ``attention_mask`` are prompt-aligned (``meta["prompt_aligned"]``):
 shards from several rollout ranks join with their prompts left-padded alike.
 """
@@ -26,6 +31,7 @@ import zlib
 
 from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
 
+from nodes.episodes import Episodes
 from nodes.prompting import encode
 
 
@@ -37,19 +43,38 @@ class Rollout:
     def __init__(self, ctx: NodeContext):
         self.ctx, self.options = ctx, ctx.options
         self.version = 0
+        self._episodes = None
+
+    @property
+    def episodes(self):
+        """The multi-turn loop (``env:`` set), built on first use: after the backend has its tokenizer."""
+        if self._episodes is None and getattr(self.options, "env", None) is not None:
+            self._episodes = Episodes(self)
+        return self._episodes
+
+    def _sample(self, prompts: list[Prompt], n: int, *, greedy: bool, seed: int) -> tuple[dict, list[dict]]:
+        """Completions (single-turn) or episodes (``env:``), and each sample's meta."""
+        if self.episodes is None:
+            out = self.sample([self.encode(p) for p in prompts], n, greedy=greedy, seed=seed)
+            return out, [prompts[i // n].meta for i in range(len(out["completion"]))]
+        out, eps = self.episodes.run(prompts, n, greedy=greedy, seed=seed)
+        if not greedy:
+            self.ctx.log(**self.episodes.stats)
+            for span in self.episodes.spans:
+                self.ctx.span(*span)
+        return out, [{**e.prompt.meta, "episode": e.record()} for e in eps]
 
     def generate(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
         ctx = self.ctx
         k = ctx.run.samples_per_prompt
         t0 = time.perf_counter()
-        out = self.sample([self.encode(p) for p in prompts], k, greedy=False, seed=step_seed(ctx.seed, step, ctx.rank))
+        out, metas = self._sample(prompts, k, greedy=False, seed=step_seed(ctx.seed, step, ctx.rank))
         dt = time.perf_counter() - t0
         n = len(out["completion"])
         fields = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
                   "response_mask": out["response_mask"], "logprob": out["logprob"],
                   "prompt": [prompts[i // k].text for i in range(n)], "completion": out["completion"],
-                  "target": [prompts[i // k].meta.get("target", "") for i in range(n)],
-                  "meta": [prompts[i // k].meta for i in range(n)]}
+                  "target": [prompts[i // k].meta.get("target", "") for i in range(n)], "meta": metas}
         meta = {"prompt_len": out["prompt_len"], "temperature": self.options.temperature,
                 "prompt_aligned": {"input_ids": self.tok.pad_token_id, "attention_mask": 0}}
         batch = SampleBatch(step, [prompts[i // k].group for i in range(n)], [weights.version] * n,
@@ -60,10 +85,9 @@ class Rollout:
 
     def evaluate(self, prompts: list[Prompt]) -> dict:
         """Greedy completions of the held-out prompts, scored later by the reward node."""
-        out = self.sample([self.encode(p) for p in prompts], 1, greedy=True, seed=0)
+        out, metas = self._sample(prompts, 1, greedy=True, seed=0)
         return {"prompt": [p.text for p in prompts], "completion": out["completion"],
-                "target": [p.meta.get("target", "") for p in prompts], "meta": [p.meta for p in prompts],
-                "version": self.version}
+                "target": [p.meta.get("target", "") for p in prompts], "meta": metas, "version": self.version}
 
     def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, the same on every backend (:func:`nodes.prompting.encode`)."""

@@ -55,6 +55,8 @@ class Reward:
 
     def _score(self, prompt: str, completion: str, meta: dict) -> float:
         r = float(self.fn(prompt, completion, **meta))
+        if self.options.env_weight and "episode" in meta:
+            r += self.options.env_weight * float(meta["episode"]["reward"])
         if not math.isfinite(r):
             raise ValueError(f"reward function {self.options.fn} returned {r} for completion {completion!r}")
         return r

@@ -97,3 +97,40 @@ class Arithmetic(Task):
             if self._held_out(f"{a}+{b}") == held_out:
                 return Prompt(f"What is {a} + {b}? Reply with just the number.", {"target": str(a + b)},
                               chat=True, system=self.SYSTEM)
+
+
+class Multiply(Task):
+    """Multiply two ``digits``-digit numbers with a calculator tool (environment ``calculator``).
+
+    A chat task for an instruct model: the system message explains the tool (``<calc>...</calc>`` is
+    answered with ``<result>...</result>``; the final reply is ``<answer>N</answer>``) and one solved
+    conversation shows it in use, so the model has seen the protocol once; whether it calls the tool
+    with the right numbers and copies the result is what RL teaches. SmolLM2-135M cannot multiply
+    3-digit numbers alone.
+
+    >>> p = Multiply(prompts=1, seed=0).batch(0)[0]
+    >>> p.text, p.meta
+    ('What is 253 * 667?', {'target': '168751'})
+    >>> [m["role"] for m in p.messages]
+    ['system', 'user', 'assistant', 'user', 'assistant', 'user']
+    """
+
+    chat = True
+    SYSTEM = ("You can use a calculator: write <calc>expression</calc> and you get <result>value</result>. "
+              "Then give the final answer as <answer>number</answer>.")
+    SHOT = [{"role": "user", "content": "What is 12 * 34?"}, {"role": "assistant", "content": "<calc>12 * 34</calc>"},
+            {"role": "user", "content": "<result>408</result>"}, {"role": "assistant", "content": "<answer>408</answer>"}]
+
+    def __init__(self, prompts: int, seed: int = 0, digits: int = 3, eval_prompts: int = 64, eval_every: int = 10):
+        self.prompts, self.seed, self.digits = prompts, seed, digits
+        self.eval_prompts, self.eval_every = eval_prompts, eval_every
+
+    def _draw(self, rng: random.Random, held_out: bool) -> Prompt:
+        lo, hi = 10 ** (self.digits - 1), 10 ** self.digits - 1
+        while True:
+            a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+            if self._held_out(f"{a}*{b}") == held_out:
+                text = f"What is {a} * {b}?"
+                return Prompt(text, {"target": str(a * b)}, chat=True, system=self.SYSTEM,
+                              messages=[{"role": "system", "content": self.SYSTEM}, *self.SHOT,
+                                        {"role": "user", "content": text}])

@@ -226,7 +226,8 @@ class VllmGenerate(Rollout):
         kwargs = dict(model=str(self.path), dtype=self.dtype, enforce_eager=True, seed=ctx.seed,
                       worker_extension_cls="nodes.vllm_backend.WeightLoader",
                       logprobs_mode="processed_logprobs", disable_log_stats=True,
-                      enable_chunked_prefill=False)    # see the note on seeds in sample()
+                      enable_chunked_prefill=False,    # see the note on seeds in sample()
+                      enable_prefix_caching=True)      # a multi-turn episode's next turn reuses its prefix
         if self.lora is not None and not self.merged:
             kwargs.update(enable_lora=True, max_lora_rank=lora_rank(self.lora.r), max_loras=1)
         print(f"{name}: starting the vLLM engine ({self.path.name}, {self.dtype}"
@@ -309,14 +310,15 @@ class VllmGenerate(Rollout):
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     # -- sampling ------------------------------------------------------------
-    def sample(self, prompts: list[list[int]], n: int, *, greedy: bool, seed: int) -> dict:
+    def sample(self, prompts: list[list[int]], n: int, *, greedy: bool, seed: int,
+               max_new_tokens: int | None = None) -> dict:
         """Seeded sampling needs whole-prompt prefills: with chunked prefill, vLLM rewinds a
         request's generator after a partial prefill, which CPU generators cannot do ("CPU Generator
         does not use offset", seen at 128 prompts of ~50 tokens); the engine is started with
         ``enable_chunked_prefill=False``."""
         from vllm import SamplingParams
         s, tok = self.options, self.tok
-        C = s.max_new_tokens
+        C = max_new_tokens or s.max_new_tokens
         params = [SamplingParams(n=n, max_tokens=C, stop_token_ids=self.stops,
                                  temperature=0.0 if greedy else s.temperature,
                                  top_p=1.0 if greedy else s.top_p,

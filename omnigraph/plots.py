@@ -4,13 +4,15 @@
 ``timeline.jsonl`` and writes next to them:
 
 * ``reward.png``: training reward per step (band of +- ``reward_std``) and the
-  held-out greedy eval points; skipped when no row has ``reward_mean``.
+  held-out greedy eval points, with turns and tool calls per episode on a second
+  axis for multi-turn runs; skipped when no row has ``reward_mean``.
 * ``timing.png``: per-step stacked node compute times (``timing_s/<node>``),
   the measured ``step_s``, and a small panel with the trainer's wait for
   samples (``timing_s/gen``) and ``timing_s/update_weights``.
 * ``timeline.png``: the measured pipeline, a lane per actor and a box per node
-  run, for steps 1..12 (the warm-up step is left out); skipped without
-  ``timeline.jsonl``.
+  run, for steps 1..12 (the warm-up step is left out); the parts a node marked
+  (``ctx.span``: a multi-turn episode's turns and environment waits) as a thin
+  strip under its box; skipped without ``timeline.jsonl``.
 
 Example::
 
@@ -77,7 +79,19 @@ def _reward(rows: list[dict[str, Any]], title: str, out: Path) -> bool:
     ax.set(xlabel="step", ylabel="reward", title=f"{title}: reward")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(color="#dddddd", lw=0.6)
-    ax.legend(loc="best", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    turns = [(r["step"], _num(r, "turns_mean"), _num(r, "tool_calls_per_episode")) for r in rows
+             if _num(r, "turns_mean") is not None]
+    if turns:                               # multi-turn episodes: turns and tool calls on a second axis
+        ax2 = ax.twinx()
+        ax2.plot([t[0] for t in turns], [t[1] for t in turns], color="tab:green", lw=1.2, label="turns per episode")
+        ax2.plot([t[0] for t in turns], [t[2] or 0.0 for t in turns], ":", color="tab:purple", lw=1.2,
+                 label="tool calls per episode")
+        ax2.set_ylabel("per episode")
+        ax2.set_ylim(bottom=0)
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=DPI)
     plt.close(fig)
@@ -123,6 +137,8 @@ def _timing(rows: list[dict[str, Any]], title: str, out: Path) -> bool:
 def _timeline(recs: list[dict[str, Any]], title: str, out: Path) -> bool:
     recs = [r for r in recs if _num(r, "t_start") is not None and _num(r, "t_end") is not None
             and "step" in r and "node" in r]
+    parts = [r for r in recs if "part" in r]
+    recs = [r for r in recs if "part" not in r]
     steps = sorted({r["step"] for r in recs})
     if not steps:
         return False
@@ -140,12 +156,20 @@ def _timeline(recs: list[dict[str, Any]], title: str, out: Path) -> bool:
         x, w, y = r["t_start"] - t0, max(r["t_end"] - r["t_start"], 0.0), lane[str(r.get("actor", "?"))]
         ax.barh(y, w, left=x, height=0.6, color=colour[str(r["node"])], edgecolor="black", lw=0.4)
         boxes.append((x, w, y, [f"{r['node']} {r['step']}", str(r["step"])]))
+    shades = {"env": "#ffbf00"}            # amber: apart from the tab10 node colours
+    for r in parts:
+        if r["step"] in keep:
+            x, w, y = r["t_start"] - t0, max(r["t_end"] - r["t_start"], 0.0), lane[str(r.get("actor", "?"))]
+            env = str(r["part"]).startswith("env")
+            ax.barh(y + 0.38, w, left=x, height=0.14, color=shades["env"] if env else "#555555", lw=0)
+    part_legend = ([Patch(color="#555555", label="model turn"), Patch(color=shades["env"], label="env wait")]
+                   if parts else [])
     ax.set_yticks(range(len(actors)), actors)
     ax.set_ylim(len(actors) - 0.4, -0.6)
     ax.set(xlabel=f"seconds since step {min(keep)} started", ylabel="actor",
            title=f"{title}: measured timeline, steps {min(keep)}..{max(keep)}")
     ax.grid(axis="x", color="#dddddd", lw=0.6)
-    ax.legend(handles=[Patch(color=colour[n], label=n) for n in node_order], loc="upper left",
+    ax.legend(handles=[Patch(color=colour[n], label=n) for n in node_order] + part_legend, loc="upper left",
               bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     renderer = fig.canvas.get_renderer()

@@ -157,6 +157,23 @@ class NodeBase(Strict):
     """Options of the node's backend beyond the kind's own fields (a plugin backend documents them)."""
 
 
+class EnvSpec(Strict):
+    """Multi-turn rollouts (:mod:`omnigraph.sdk.env`): the model and an environment take turns."""
+
+    name: str
+    """A registered environment (``omnigraph.environments``: ``copy_chain``, ``calculator``) or the dotted
+    path ``module:Class`` of one."""
+    max_turns: int = Field(4, ge=1, le=1_000)
+    """Model turns per episode at most (``max_new_tokens`` is the cap of each)."""
+    max_tokens: int = Field(256, ge=1, le=131_072)
+    """Token budget of an episode after its prompt: the model's and the environment's tokens together."""
+    waves: int = Field(2, ge=1, le=64)
+    """The batch's episodes run in this many waves: while one wave's environment steps run, the next
+    wave generates (1: every episode generates, then every environment answers)."""
+    options: dict[str, Any] = {}
+    """Keyword arguments of the environment (e.g. ``latency_s`` of a modelled slow tool)."""
+
+
 class GenerateNode(NodeBase):
     kind: Literal["generate"]
     backend: Backend = "hf"
@@ -172,6 +189,8 @@ class GenerateNode(NodeBase):
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Sampling dtype (default ``model.dtype``), e.g. bf16 rollouts for an fp32 trainer: the
     decoupled PPO loss corrects for the small difference in logprobs."""
+    env: EnvSpec | None = None
+    """Multi-turn episodes with an environment instead of one completion per sample."""
     lora_serving: Literal["adapter", "merged"] = "adapter"
     """Backend ``vllm`` with LoRA weights: serve the adapter (a new ``LoRARequest`` per version), or
     merge it into the base weights on the rollout and reload those (``merged``: base-model speed,
@@ -198,6 +217,9 @@ class RewardNode(NodeBase):
     """Samples per reward-model forward pass."""
     normalize_std: bool = True
     """GRPO advantages divided by the group's reward std (on) or only centred (off)."""
+    env_weight: float = Field(0.0, ge=-1e6, le=1e6)
+    """Multi-turn rollouts: add this times the episode's environment reward to ``fn``'s (``fn: env`` is the
+    environment's reward alone)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -90,6 +90,7 @@ class Interpreter:
         values = self._inputs(node, step, inputs)
         ctx = self.contexts[node]
         ctx.metrics = self.startup.pop(node, {})        # a node's first record also says how it started
+        ctx.spans = []
         ctx.collectives = ctx.collectives or self._collectives(n)
         record: dict[str, Any] = {"node": node, "actor": self.actor, "step": step}
         t0 = time.perf_counter()
@@ -108,6 +109,8 @@ class Interpreter:
         record["seconds"] = time.perf_counter() - t0
         record["t_start"], record["t_end"] = t0, t0 + record["seconds"]
         record.update(ctx.metrics)
+        if ctx.spans:
+            record["spans"] = list(ctx.spans)
         self.records.append(record)
         missing = set(n.outputs) - set(out or {})
         if missing:

@@ -48,6 +48,13 @@ def format_plan(plan) -> str:
         out.append("process groups (formed before step 0):")
         for grp in plan.groups:
             out.append(f"  {grp.name}  {grp.backend} {grp.purpose}: {', '.join(grp.members)}")
+    episodes = {n: o.env for n, o in g.spec.nodes.items() if getattr(o, "env", None) is not None}
+    if episodes:
+        out.append("episodes (multi-turn):")
+        for n, env in episodes.items():
+            out.append(f"  {n}: environment {env.name}, at most {env.max_turns} model turns of "
+                       f"{g.spec.nodes[n].max_new_tokens} tokens, {env.max_tokens} tokens per episode, "
+                       f"{env.waves} wave(s); only the model's tokens are trained; one weights version per episode")
     if g.data:
         out.append("data:")
         out.append("  " + data_line(g.data, g.spec))

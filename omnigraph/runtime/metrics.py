@@ -15,7 +15,7 @@ from .ledger import read
 from ..records import steady
 
 SKIP = {"node", "actor", "step", "seconds", "t_start", "t_end", "trained_groups", "dropped_groups",
-        "generated_groups", "generated_rows", "regenerated_groups", "kind", "wait_s", "wait_for", "weights", "apply_s"}
+        "generated_groups", "generated_rows", "regenerated_groups", "kind", "wait_s", "wait_for", "weights", "apply_s", "spans"}
 
 
 def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -> dict[str, Any]:

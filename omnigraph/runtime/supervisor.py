@@ -125,6 +125,9 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
             for r in result.records:
                 if result.step < TIMELINE_STEPS and "t_start" in r:
                     files.write("timeline", {k: r[k] for k in ("node", "actor", "step", "t_start", "t_end")})
+                    for label, a, b in r.get("spans", ()):
+                        files.write("timeline", {"node": r["node"], "part": label, "actor": r["actor"],
+                                                 "step": r["step"], "t_start": a, "t_end": b})
                 for e in events(r):
                     files.write("ledger", e)
             files.flush()

@@ -18,11 +18,12 @@ rewards and models known through entry points (see ``docs/architecture.md``)::
 
 from .context import Collectives, Lora, ModelInfo, NodeContext, PolicyInfo, RunInfo
 from .data import Prompt, SampleBatch, Weights
+from .env import Environment, EnvironmentLike, EnvStep
 from .errors import ConfigError
 from .registry import load
 from .roles import (ROLES, TRAINER_ROLES, Backend, Exporter, Generator, Logprob, Scorer, Stateful, Task, Trainer,
                     WeightsState)
 
-__all__ = ["Backend", "Collectives", "ConfigError", "Exporter", "Generator", "Logprob", "Lora", "ModelInfo", "NodeContext",
+__all__ = ["Backend", "Collectives", "ConfigError", "EnvStep", "Environment", "EnvironmentLike", "Exporter", "Generator", "Logprob", "Lora", "ModelInfo", "NodeContext",
            "PolicyInfo", "Prompt", "ROLES", "RunInfo", "SampleBatch", "Scorer", "Stateful", "TRAINER_ROLES", "Task",
            "Trainer", "Weights", "WeightsState", "load"]

@@ -13,7 +13,8 @@ by the compiler:
 - ``shared``: a dict the nodes of one actor share (e.g. the trainer's model,
   read by ``old_logprob`` and written by ``update``);
 - ``collectives``: the process group of a data-parallel pool (else ``None``);
-- ``log(key=value)``: scalars for this step's metrics row;
+- ``log(key=value)``: scalars for this step's metrics row; ``span(label, t0, t1)``: a part of the
+  work, drawn in the run's timeline;
 - ``fault(point)``: a named point inside the node's work where tests inject
   faults (``OMNIGRAPH_INJECT="update@5/after_backward:raise"``); a no-op
   otherwise.
@@ -100,6 +101,7 @@ class NodeContext:
     shared: dict[str, Any] = field(default_factory=dict)
     collectives: Collectives | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
     faults: Callable[[str], None] | None = field(default=None, repr=False)
 
     @property
@@ -112,6 +114,11 @@ class NodeContext:
 
     def log(self, **scalars: float) -> None:
         self.metrics.update({k: float(v) for k, v in scalars.items()})
+
+    def span(self, label: str, t_start: float, t_end: float) -> None:
+        """A part of this run's work (``time.perf_counter()`` seconds), drawn inside the node's box in the run's
+        ``timeline.png`` (a multi-turn episode's turns and environment waits, for example)."""
+        self.spans.append((label, t_start, t_end))
 
     def fault(self, point: str) -> None:
         """Mark a point inside the work (``after_backward``, ``token``, ...) where a test may inject a fault."""
