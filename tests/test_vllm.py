@@ -247,3 +247,31 @@ def test_on_stale_wait_regenerates_with_the_vllm_backend_on_local_and_ray(tmp_pa
         ledgers.append([(e["event"], e["group"], e.get("version"), e.get("staleness"))
                         for e in map(json.loads, (res.run_dir / "ledger.jsonl").read_text().splitlines())])
     assert ledgers[0] == ledgers[1]
+
+
+def test_multiturn_episodes_on_vllm_match_hf_and_their_logprobs_the_trainers():
+    """Episodes on the vLLM engine (each turn continues from the episode's prefix, prefix-cached): the same
+    greedy conversations as transformers, and the sampled tokens' logprobs are the trainer's."""
+    from omnigraph.executors import build
+    from nodes.policy import Policy
+    from nodes.vllm_backend import VllmGenerate
+    VllmGenerate.engine_args = {"block_size": 32}
+    over = ["task.prompts=4", "task.eval_prompts=6"]
+    spec = og.load(GRAPHS / "grpo_multiturn.yaml", ["nodes.generate.backend=vllm", *over])
+    gen, _ = build_node(spec, "generate")
+    held_out = build.task_of(spec).eval_set()
+    try:
+        ev = gen.evaluate(held_out)
+        out = gen.generate(0, prompts(spec, 0), Weights(version=0))
+    finally:
+        shutdown(gen)
+    hf = build_node(og.load(GRAPHS / "grpo_multiturn.yaml", over), "generate")[0]
+    ref = hf.evaluate(held_out)
+    talk = [m["episode"]["messages"] for m in ev["meta"]]
+    assert talk == [m["episode"]["messages"] for m in ref["meta"]] and all(len(t) == 5 for t in talk)
+    pol = Policy.of(build_node(spec, "update")[1])
+    with torch.no_grad():
+        lp = pol.logprobs(pol.model.eval(), out, slice(0, len(out)), out.meta["temperature"])
+    mask = out.fields["response_mask"]
+    assert float(((lp - out.fields["logprob"]).abs() * mask).max()) < LOGPROB_ATOL
+    assert int(out.fields["attention_mask"][:, out.meta["prompt_len"]:].sum()) > int(mask.sum())   # env tokens

@@ -82,16 +82,24 @@ def timeline_png(plan: "Plan", out: str, dpi: int = 110) -> None:
 
     handles = [Patch(fc=colour[n], alpha=0.85, label=n) for n in plan.graph.nodes
                if any(b.node == n for b in runs)]
+    if any(getattr(plan.graph.spec.nodes.get(b.node), "env", None) is not None for b in runs):
+        handles.append(Patch(fc="#555555", label="model turns (at most max_turns)"))
     kinds = sorted({_tick_kind(b) for b in ticks})
     handles += [Line2D([], [], color=TICK[k][0], marker=TICK[k][1], ls="none", label=TICK[k][3]) for k in kinds]
     legend_rows = -(-len(handles) // 8)
     fig.tight_layout(rect=(0, (0.1 + 0.25 * legend_rows) / fig.get_figheight(), 1, 1))
     renderer = fig.canvas.get_renderer()
+    nodes = plan.graph.spec.nodes
     for b in runs:
         y = lane[b.actor]
         ax.add_patch(Rectangle((b.start, y - BOX_H / 2), b.end - b.start, BOX_H,
                                fc=colour[b.node], ec="white", lw=1.0, alpha=0.85))
         _fit_text(ax, renderer, (b.start + b.end) / 2, y, b.end - b.start, box_labels(plan, b))
+        env = getattr(nodes.get(b.node), "env", None)
+        if env is not None:                 # multi-turn episodes: up to max_turns model turns, a strip each
+            w = (b.end - b.start) / env.max_turns
+            for t in range(env.max_turns):
+                ax.add_patch(Rectangle((b.start + t * w, y + BOX_H / 2 + 0.03), w * 0.85, 0.08, fc="#555555", lw=0))
     for b in ticks:
         c, marker, dy, _ = TICK[_tick_kind(b)]
         ax.plot([b.start], [lane[b.actor] + dy], marker=marker, color=c, ms=6, ls="none", zorder=4)
