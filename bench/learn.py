@@ -9,7 +9,7 @@ set.
 
     python bench/learn.py [--quick] [--iterations N] [--dataset NAME] [key.path=value ...]
 
-``--quick``: 12 iterations (about 10 minutes on a 2-core CPU without AMX; less with it). Needs the
+``--quick``: 18 iterations (about 13 minutes on a 2-core CPU without AMX; less with it). Needs the
 ``vllm`` extra. Prints the per-evaluation accuracies, then one JSON line (last) with ``task``, ``model``,
 ``eval_before``, ``eval_after``, ``steps``, ``minutes``, ``dtype`` and the held-out mean scores, and saves
 it under bench/results/ (``bench/record.py``).
@@ -33,8 +33,8 @@ GRAPH = ROOT / "graphs" / "smollm2_reasoning_gym.yaml"
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="12 iterations")
-    ap.add_argument("--iterations", type=int, default=None, help="training steps (default 12 quick, the graph's 24 full)")
+    ap.add_argument("--quick", action="store_true", help="18 iterations")
+    ap.add_argument("--iterations", type=int, default=None, help="training steps (default 18 quick, the graph's 24 full)")
     ap.add_argument("--dataset", default=None, help="another reasoning-gym dataset (default: the graph's)")
     ap.add_argument("overrides", nargs="*", help="key.path=value overrides of the graph")
     import record
@@ -45,7 +45,7 @@ def main() -> int:
     import omnigraph as og
     from omnigraph.runtime import run
 
-    iterations = args.iterations or (12 if args.quick else og.load(GRAPH).schedule.iterations)
+    iterations = args.iterations or (18 if args.quick else og.load(GRAPH).schedule.iterations)
     overrides = [f"schedule.iterations={iterations}", "checkpoint.every=null"]
     overrides += args.overrides
     if args.dataset:

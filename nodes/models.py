@@ -48,13 +48,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("OMNIGRAPH_CACHE", Path.home() / ".cache" / "omnigraph"))
 
 
+def cached(name: str, recipe: list, seed: int, build, log=print) -> Path:
+    """``cache_root()/models/<name>-seed<seed>-<hash of recipe and seed>``, built by ``build(folder, seed, log)``
+    the first time: a change of recipe is a new folder, never a stale model."""
+    key = hashlib.sha256(json.dumps([*recipe, seed]).encode()).hexdigest()[:10]
+    target = cache_root() / "models" / f"{name}-seed{seed}-{key}"
+    if not (target / "config.json").exists():
+        build(target, seed, log)
+    return target
+
+
 def tiny(seed: int = 0, log=print) -> Path:
     """The embedded model's folder, built once per seed (registered as the model ``tiny``)."""
-    key = hashlib.sha256(json.dumps([VERSION, TINY, WARM, seed]).encode()).hexdigest()[:10]
-    target = cache_root() / "models" / f"tiny-seed{seed}-{key}"
-    if not (target / "config.json").exists():
-        build_tiny(target, seed, log)
-    return target
+    return cached("tiny", [VERSION, TINY, WARM], seed, build_tiny, log)
 
 
 def build_tokenizer():

@@ -24,7 +24,6 @@ Built once per ``model.seed`` and cached under ``$OMNIGRAPH_CACHE`` like
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -34,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodes.models import build_tokenizer, cache_root
+from nodes.models import build_tokenizer, cached
 from nodes.rewards import digits_match
 from nodes.tasks import Digits
 
@@ -47,11 +46,7 @@ DIGITS = "0123456789"
 
 def tiny_rm(seed: int = 0, log=print) -> Path:
     """The embedded reward model's folder, built once per seed (registered as the model ``tiny-rm``)."""
-    key = hashlib.sha256(json.dumps([VERSION, RM, TRAIN, seed]).encode()).hexdigest()[:10]
-    target = cache_root() / "models" / f"tiny-rm-seed{seed}-{key}"
-    if not (target / "config.json").exists():
-        build_tiny_rm(target, seed, log)
-    return target
+    return cached("tiny-rm", [VERSION, RM, TRAIN], seed, build_tiny_rm, log)
 
 
 def build_tokenizer_rm():
