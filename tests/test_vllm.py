@@ -255,6 +255,7 @@ def test_multiturn_episodes_on_vllm_match_hf_and_their_logprobs_the_trainers():
     from omnigraph.executors import build
     from nodes.policy import Policy
     from nodes.vllm_backend import VllmGenerate
+    gc.collect()        # an engine an earlier test left to the collector tears the process's groups down as it goes
     VllmGenerate.engine_args = {"block_size": 32}
     over = ["task.prompts=4", "task.eval_prompts=6"]
     spec = og.load(GRAPHS / "grpo_multiturn.yaml", ["nodes.generate.backend=vllm", *over])
