@@ -44,8 +44,20 @@ def _episodes(node, options, spec) -> list:
     return []
 
 
+def _not_partial_episodes(node, options, spec) -> list:
+    if options.env is not None and options.partial is not None:
+        return [ConfigError("partial rollouts continue single-turn completions; a multi-turn episode runs whole "
+                            "within one firing (its waves already hide the environment's latency)",
+                            where=f"nodes.{node}.partial", fix="remove partial, or remove env")]
+    return []
+
+
 def _token_generator(node, options, spec) -> list:
-    return _not_merged(node, options, spec) + _episodes(node, options, spec)
+    return _not_merged(node, options, spec) + _episodes(node, options, spec) + _not_partial_episodes(node, options, spec)
+
+
+def _vllm_generator(node, options, spec) -> list:
+    return _episodes(node, options, spec) + _not_partial_episodes(node, options, spec)
 
 
 def _synthetic_generator(node, options, spec) -> list:
@@ -146,11 +158,12 @@ def _torch_sync(node, options, spec) -> list:
     return []
 
 
-GENERATE_HF = Backend("generate", "nodes.hf:Generate", uses_model=True, check=_token_generator,
+GENERATE_HF = Backend("generate", "nodes.hf:Generate", uses_model=True, partial=True, check=_token_generator,
                       doc="transformers generate: batched sampling with per-token logprobs")
-GENERATE_VLLM = Backend("generate", "nodes.vllm_backend:VllmGenerate", uses_model=True, check=_episodes,
+GENERATE_VLLM = Backend("generate", "nodes.vllm_backend:VllmGenerate", uses_model=True, partial=True,
+                        check=_vllm_generator,
                         doc="a vLLM engine in the rollout actor, weights loaded in place (extra: vllm)")
-GENERATE_SYNTHETIC = Backend("generate", "nodes.synthetic:Generate", check=_synthetic_generator,
+GENERATE_SYNTHETIC = Backend("generate", "nodes.synthetic:Generate", partial=True, check=_synthetic_generator,
                              doc="stand-in work of `cost` seconds")
 
 REWARD_PYTHON = Backend("reward", "nodes.scorer:Reward", check=_reward_function,

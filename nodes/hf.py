@@ -35,6 +35,30 @@ class _FaultPoint(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
+class _Budget(StoppingCriteria):
+    """Partial rollouts: row ``i`` stops after ``budgets[i]`` new tokens, or when ``deadline`` passes unless
+    ``final[i]``; ``taken[i]`` is how many tokens it had then. Also the ``token`` fault point."""
+
+    def __init__(self, ctx: NodeContext, prompt_len: int, budgets: list[int], deadline: float | None,
+                 final: list[bool]):
+        self.ctx, self.P, self.deadline = ctx, prompt_len, deadline
+        self.budgets = torch.tensor(budgets)
+        self.final = torch.tensor(final, dtype=torch.bool)
+        self.taken = list(budgets)
+        self.stopped = torch.zeros(len(budgets), dtype=torch.bool)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.ctx.fault("token")
+        j = input_ids.shape[1] - self.P
+        now = (self.budgets <= j)
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            now |= ~self.final
+        for i in torch.nonzero(now & ~self.stopped).flatten().tolist():
+            self.taken[i] = j
+        self.stopped |= now
+        return self.stopped.to(input_ids.device)
+
+
 class Generate(Rollout):
     def __init__(self, ctx: NodeContext):
         super().__init__(ctx)
@@ -74,13 +98,41 @@ class Generate(Rollout):
         return self.model.state_dict()
 
     def state_dict(self) -> dict:
-        return {"version": self.version, "model": self.model.state_dict()}
+        return {"version": self.version, "model": self.model.state_dict(), **self.carry_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.version = state["version"]
+        self.load_carry(state)
 
     # -- sampling ------------------------------------------------------------
+    @torch.no_grad()
+    def continue_rows(self, rows: list[list[int]], budgets: list[int], *, seed: int, deadline: float | None = None,
+                      final: list[bool] | None = None) -> list[tuple[list[int], list[float], bool]]:
+        """Partial rollouts (:mod:`nodes.partial`): sample at most ``budgets[i]`` more tokens after each row
+        (a prompt and the tokens sampled so far), all rows in one batch; ``(tokens, logprobs, stopped)`` each."""
+        tok, s = self.tok, self.options
+        P = max(len(r) for r in rows)
+        ids = torch.tensor([[tok.pad_token_id] * (P - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows])
+        budget = _Budget(self.ctx, P, budgets, deadline, final or [False] * len(rows))
+        torch.manual_seed(seed)
+        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                  do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0,
+                                  max_new_tokens=max(budgets), eos_token_id=self.stops, pad_token_id=tok.pad_token_id,
+                                  output_logits=True, return_dict_in_generate=True, stopping_criteria=[budget])
+        comp = out.sequences[:, P:]
+        lp = token_logprobs(torch.stack(out.logits, dim=1), comp, max(s.temperature, 1e-6)).cpu()
+        comp = comp.cpu().tolist()
+        stops = set(self.stops)
+        res = []
+        for i, row in enumerate(comp):
+            n = min(budget.taken[i], len(row))
+            end = next((j + 1 for j, t in enumerate(row[:n]) if t in stops), None)
+            n = end or n
+            res.append((row[:n], lp[i, :n].tolist(), end is not None))
+        return res
+
     @torch.no_grad()
     def sample(self, prompts: list[list[int]], n: int, *, greedy: bool, seed: int,
                max_new_tokens: int | None = None) -> dict:

@@ -8,6 +8,13 @@ weights version, so every executor must produce the same values.
 The synthetic policy "learns" by construction: a sample answers its prompt
 correctly with probability ``min(0.95, 0.1 + 0.05 * version)``, so reward
 curves rise as versions advance. It tests plumbing, not RL.
+
+With ``partial:`` the generator is a per-token stand-in (:mod:`nodes.partial`):
+each sample draws a long-tailed length (most a few tokens, some up to
+``max_new_tokens``), a firing decodes every unfinished sample within its budget
+and costs ``options.cost_per_token`` seconds per decode step of its longest
+row (a batched decode), so partial rollouts change the step time the way
+they do on a real engine.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import time
 import zlib
 
 from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
+
+from nodes.partial import Carry
 
 
 def spend(seconds: float | None, mode: str = "wait") -> None:
@@ -49,11 +58,65 @@ class SyntheticNode:
         return {}
 
 
+def length(seed: int, key: tuple, most: int) -> int:
+    """A long-tailed completion length in ``1..most``: most samples short, a few near ``most``."""
+    return 1 + int((most - 1) * _unit("len", seed, *key) ** 6)
+
+
 class Generate(SyntheticNode):
+    def __init__(self, ctx: NodeContext):
+        super().__init__(ctx)
+        p = getattr(self.options, "partial", None)
+        self.carry = None if p is None else Carry(p, self.options.max_new_tokens, ctx.run.iterations)
+
     def load_weights(self, weights: Weights) -> None:
         pass                                       # a version is all a synthetic policy has
 
+    def in_flight(self) -> list[int]:
+        return self.carry.in_flight() if self.carry is not None else []
+
+    def state_dict(self) -> dict:
+        return {"carry": self.carry.state_dict()} if self.carry is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.carry is not None and "carry" in state:
+            self.carry.load_state_dict(state["carry"])
+
+    def continue_rows(self, rows, budgets, *, seed, deadline=None, final=None):
+        """Rows are ``[group, length, 0, 0, ...]``: the first token a sample draws is its length."""
+        per_token = float(self.options.options.get("cost_per_token", 0.0))
+        final = final or [False] * len(rows)
+        if deadline is not None and per_token:          # tokens that fit before the deadline
+            fit = max(1, int((deadline - time.perf_counter()) / per_token))
+            budgets = [b if f else min(b, fit) for b, f in zip(budgets, final)]
+        out = []
+        for i, (row, b) in enumerate(zip(rows, budgets)):
+            total = row[1] if len(row) > 1 else length(seed, (row[0], i), self.options.max_new_tokens)
+            have = len(row) - 1
+            n = min(b, total - have)
+            toks = ([total] + [0] * (n - 1)) if have == 0 else [0] * n
+            out.append((toks, [-_unit("lp", row[0], have + j) for j in range(n)], have + n >= total))
+        spend(per_token * max((len(t) for t, _, _ in out), default=0), self.options.cost_mode)
+        return out
+
+    def _generate_partial(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
+        k = self.ctx.run.samples_per_prompt
+        done = self.carry.fire(step, prompts, [[p.group] for p in prompts], k, weights.version, self.continue_rows,
+                               zlib.crc32(f"gen:{self.ctx.seed}:{step}:{self.ctx.rank}".encode()))
+        self.ctx.log(**self.carry.stats)
+        samples = [(g.prompt, s) for g in done for s in g.samples]
+        lo = [min(s.versions) for _, s in samples]
+        fields = {"prompt": [p.text for p, _ in samples], "target": [p.meta["target"] for p, _ in samples],
+                  "completion": [], "logprob": [s.logprobs[0] for _, s in samples],
+                  "token_version": [list(s.versions) for _, s in samples], "spans": [s.spans for _, s in samples]}
+        for j, (p, s) in enumerate(samples):
+            right = _unit(self.ctx.seed, step, p.group, j, lo[j]) < min(0.95, 0.1 + 0.05 * lo[j])
+            fields["completion"].append(" " + (p.meta["target"] if right else p.meta["target"][::-1] + "0"))
+        return SampleBatch(step, [p.group for p, _ in samples], lo, [max(s.versions) for _, s in samples], fields)
+
     def generate(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
+        if self.carry is not None:
+            return self._generate_partial(step, prompts, weights)
         self.spend()
         k = self.ctx.run.samples_per_prompt
         p_right = min(0.95, 0.1 + 0.05 * weights.version)

@@ -40,6 +40,7 @@ New weights are loaded in place, without restarting the engine:
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import shutil
 import tempfile
@@ -236,6 +237,7 @@ class VllmGenerate(Rollout):
         self.ctx.log(engine_start_s=time.perf_counter() - t0)
         print(f"{name}: vLLM engine ready in {time.perf_counter() - t0:.1f} s", flush=True)
         self._shm = None
+        self._request_ids = itertools.count()
         self._base = None           # merged serving: the base weights of the LoRA-targeted layers
         ENGINE_HOOKS[:] = [ctx.fault]
 
@@ -309,7 +311,59 @@ class VllmGenerate(Rollout):
             self.llm.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
+    def state_dict(self) -> dict:
+        """The unfinished samples of partial rollouts (the engine's weights come back from the graph on
+        resume: the engine reloads the weights of its next firing)."""
+        return self.carry_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.load_carry(state)
+
     # -- sampling ------------------------------------------------------------
+    def continue_rows(self, rows: list[list[int]], budgets: list[int], *, seed: int, deadline: float | None = None,
+                      final: list[bool] | None = None) -> list[tuple[list[int], list[float], bool]]:
+        """Partial rollouts (:mod:`nodes.partial`): each row (a prompt and the tokens so far) is a request of at
+        most ``budgets[i]`` tokens; with a ``deadline`` the engine is stepped here and the requests not
+        ``final`` are aborted when it passes, keeping what they sampled. The prefix cache was reset when the
+        weights changed (``_load_full``; a LoRA version is a new adapter id), so a continuation reuses a
+        cached prefix only under the weights that computed it."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        s = self.options
+        params = [SamplingParams(n=1, max_tokens=b, stop_token_ids=self.stops, temperature=s.temperature,
+                                 top_p=s.top_p, seed=(seed + i) % 2**63, logprobs=0, detokenize=False,
+                                 output_kind=RequestOutputKind.CUMULATIVE)
+                  for i, b in enumerate(budgets)]
+        if deadline is None:
+            outs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False,
+                                     lora_request=self.lora_request)
+            outputs = [o.outputs[0] for o in outs]
+        else:
+            outputs = self._until(rows, params, deadline, final or [False] * len(rows))
+        res = []
+        for c in outputs:
+            toks = list(c.token_ids) if c is not None else []
+            lps = [d[t].logprob for t, d in zip(toks, c.logprobs)] if toks else []
+            res.append((toks, lps, c is not None and c.finish_reason == "stop"))
+        return res
+
+    def _until(self, rows, params, deadline: float, final: list[bool]) -> list:
+        """Step the engine until every request ends; at ``deadline`` abort the ones not final."""
+        engine = self.llm.llm_engine
+        ids = [f"partial-{next(self._request_ids)}" for _ in rows]
+        for rid, row, p in zip(ids, rows, params):
+            engine.add_request(rid, {"prompt_token_ids": row}, p, lora_request=self.lora_request)
+        latest: dict[str, object] = {}
+        cut = False
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                latest[o.request_id] = o
+            if not cut and time.perf_counter() >= deadline:
+                engine.abort_request([rid for rid, f in zip(ids, final)
+                                      if not f and not getattr(latest.get(rid), "finished", False)])
+                cut = True
+        return [latest[rid].outputs[0] if rid in latest else None for rid in ids]
+
     def sample(self, prompts: list[list[int]], n: int, *, greedy: bool, seed: int,
                max_new_tokens: int | None = None) -> dict:
         """Seeded sampling needs whole-prompt prefills: with chunked prefill, vLLM rewinds a

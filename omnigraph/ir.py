@@ -33,6 +33,8 @@ class Node:
     inputs: dict[str, str]
     outputs: dict[str, str]
     every: int = 1
+    spans: int = 1
+    """Firings (weight versions) one of this generator's samples may span: ``partial.max_spans``, else 1."""
     spec: Any = field(default=None, compare=False, repr=False)
 
 

@@ -9,6 +9,10 @@
 * ``timing.png``: per-step stacked node compute times (``timing_s/<node>``),
   the measured ``step_s``, and a small panel with the trainer's wait for
   samples (``timing_s/gen``) and ``timing_s/update_weights``.
+* ``partial.png`` (partial rollouts): per step, the prompt groups a generator
+  carried to its next firing and the share of trained tokens sampled in an
+  earlier firing; below, spans per sample and per-token staleness against the
+  proven bound.
 * ``timeline.png``: the measured pipeline, a lane per actor and a box per node
   run, for steps 1..12 (the warm-up step is left out); the parts a node marked
   (``ctx.span``: a multi-turn episode's turns and environment waits) as a thin
@@ -185,8 +189,57 @@ def _timeline(recs: list[dict[str, Any]], title: str, out: Path) -> bool:
     return True
 
 
+def _partial(rows: list[dict[str, Any]], title: str, bound: int | None, out: Path) -> bool:
+    gen = [r for r in rows if _num(r, "carried_groups_out") is not None]
+    if not gen:
+        return False
+    fig, (top, low) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True, gridspec_kw={"height_ratios": [1, 1]})
+    steps = [r["step"] for r in gen]
+    top.bar(steps, [_num(r, "carried_groups_out") for r in gen], color="tab:purple", alpha=0.6,
+            label="groups carried to the next firing")
+    top.set_ylabel("prompt groups")
+    share = top.twinx()
+    share.plot(steps, [(_num(r, "carried_tokens") or 0) / max(1.0, _num(r, "returned_tokens") or 0) for r in gen],
+               color="tab:green", lw=1.2, label="returned tokens sampled in an earlier firing (share)")
+    share.set_ylim(0, 1)
+    h1, l1 = top.get_legend_handles_labels()
+    h2, l2 = share.get_legend_handles_labels()
+    top.legend(h1 + h2, l1 + l2, loc="upper right", fontsize=8)
+    top.set_title(f"{title}: partial rollouts")
+    low.plot(steps, [_num(r, "spans_max") for r in gen], "o-", ms=3, color="tab:purple", lw=1, label="spans (max)")
+    low.plot(steps, [_num(r, "spans_mean") for r in gen], color="tab:purple", lw=1, alpha=0.5, label="spans (mean)")
+    tok = [r for r in rows if _num(r, "token_staleness_max") is not None]
+    low.plot([r["step"] for r in tok], [_num(r, "token_staleness_max") for r in tok], "s-", ms=3, color="tab:red",
+             lw=1, label="token staleness (max)")
+    low.plot([r["step"] for r in tok], [_num(r, "token_staleness_mean") for r in tok], color="tab:red", lw=1,
+             alpha=0.5, label="token staleness (mean)")
+    if bound is not None:
+        low.axhline(bound, color="black", ls="--", lw=0.8, label=f"proven bound {bound}")
+    low.set(xlabel="step", ylabel="firings / versions")
+    low.xaxis.set_major_locator(MaxNLocator(integer=True))
+    low.legend(loc="upper right", fontsize=8)
+    for ax in (top, low):
+        ax.grid(color="#dddddd", lw=0.6)
+    fig.tight_layout()
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+    return True
+
+
+def _bound(run_dir: Path) -> int | None:
+    """The proven staleness bound, from the run's ``plan.txt``."""
+    try:
+        for line in (run_dir / "plan.txt").read_text().splitlines():
+            if line.startswith("staleness bound:"):
+                return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
-    """Write ``reward.png``, ``timing.png`` and ``timeline.png`` into ``run_dir``; return those written."""
+    """Write ``reward.png``, ``timing.png``, ``partial.png`` and ``timeline.png`` into ``run_dir``; return those
+    written."""
     run_dir = Path(run_dir)
     rows = sorted((r for r in read_jsonl(run_dir / "metrics.jsonl") if isinstance(r.get("step"), int)),
                   key=lambda r: r["step"])
@@ -194,6 +247,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     written = []
     for name, ok in (("reward.png", lambda p: _reward(rows, title, p)),
                      ("timing.png", lambda p: bool(rows) and _timing(rows, title, p)),
+                     ("partial.png", lambda p: _partial(rows, title, _bound(run_dir), p)),
                      ("timeline.png", lambda p: _timeline(read_jsonl(run_dir / "timeline.jsonl"), title, p))):
         if ok(run_dir / name):
             written.append(run_dir / name)

@@ -174,6 +174,27 @@ class EnvSpec(Strict):
     """Keyword arguments of the environment (e.g. ``latency_s`` of a modelled slow tool)."""
 
 
+class PartialSpec(Strict):
+    """Partial rollouts: a firing returns the prompt groups whose samples have all finished; the others stay
+    in the rollout and continue in the next firing under whatever weights arrived (each token keeps the
+    version that sampled it and its sampling logprob)."""
+
+    budget_tokens: int | None = Field(None, ge=1, le=131_072)
+    """New tokens per sample per firing (decode steps): reproducible, the same on every executor and on resume."""
+    budget_s: Seconds | None = Field(None, gt=0)
+    """Seconds of generation per firing: adapts to the machine, but which samples finish depends on timing."""
+    max_spans: int = Field(2, ge=1, le=64)
+    """Firings (so weight versions) one sample may span; in its last one a sample runs to its end. Adds
+    ``max_spans - 1`` to the staleness bound, per sample and per token."""
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "PartialSpec":
+        if (self.budget_tokens is None) == (self.budget_s is None):
+            raise ValueError("partial needs exactly one of budget_tokens (new tokens per sample per firing) "
+                             "and budget_s (seconds per firing)")
+        return self
+
+
 class GenerateNode(NodeBase):
     kind: Literal["generate"]
     backend: Backend = "hf"
@@ -191,6 +212,8 @@ class GenerateNode(NodeBase):
     decoupled PPO loss corrects for the small difference in logprobs."""
     env: EnvSpec | None = None
     """Multi-turn episodes with an environment instead of one completion per sample."""
+    partial: PartialSpec | None = None
+    """Interruptible generation: long completions continue in the next firing on new weights."""
     lora_serving: Literal["adapter", "merged"] = "adapter"
     """Backend ``vllm`` with LoRA weights: serve the adapter (a new ``LoRARequest`` per version), or
     merge it into the base weights on the rollout and reload those (``merged``: base-model speed,

@@ -14,15 +14,17 @@ from typing import Any
 from . import transports
 from .executors import build
 from .planning import compile
-from .spec import GraphSpec
+from .spec import GraphSpec, PartialSpec
 from .validate import resolve
 
 
 def canonical_spec(mode: str = "one_step_off", *, sync_every: int = 1, ahead: int | None = None,
                    iterations: int = 8, max_staleness: int = 1_000, cost: float | None = None,
                    colocate: bool = False, cost_mode: str = "wait", costs: dict[str, float] | None = None,
-                   executor: str = "local", **schedule: Any) -> GraphSpec:
-    """generate -> reward -> old_logprob -> update -> sync -> generate, synthetic nodes."""
+                   executor: str = "local", spans: int | None = None, cost_per_token: float = 0.0,
+                   **schedule: Any) -> GraphSpec:
+    """generate -> reward -> old_logprob -> update -> sync -> generate, synthetic nodes; ``spans``: the
+    generator's partial rollouts (one token per firing, samples span up to ``spans`` firings)."""
     rollout, trainer = ("trainer", "trainer") if colocate else ("rollout", "trainer")
     node = {"backend": "synthetic", "cost_mode": cost_mode, **({"cost": cost} if cost is not None else {})}
     costs = costs or {}
@@ -47,6 +49,10 @@ def canonical_spec(mode: str = "one_step_off", *, sync_every: int = 1, ahead: in
     })
     for name, c in costs.items():
         spec.nodes[name].cost = c
+    if spans is not None:
+        gen = spec.nodes["generate"]
+        gen.partial = PartialSpec(budget_tokens=1, max_spans=spans)
+        gen.options = {**gen.options, "cost_per_token": cost_per_token}
     return spec
 
 

@@ -95,7 +95,8 @@ def _nodes(spec: GraphSpec, errors: _Errors) -> dict[str, Node]:
         elif ns.kind == "custom":
             every = ns.every
         nodes[name] = Node(name=name, kind=ns.kind, role=ROLE[ns.kind], backend=getattr(ns, "backend", "custom"),
-                           pool=ns.pool, inputs=dict(sig.inputs), outputs=dict(sig.outputs), every=every, spec=ns)
+                           pool=ns.pool, inputs=dict(sig.inputs), outputs=dict(sig.outputs), every=every,
+                           spans=ns.partial.max_spans if getattr(ns, "partial", None) else 1, spec=ns)
     if not nodes:
         errors.add("the graph has no nodes", where="nodes",
                    fix="define generate, reward, old_logprob, update and sync (see graphs/grpo_one_step_off.yaml)")
@@ -355,6 +356,8 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
             continue
         if b.uses_model:
             uses_model.append(n)
+        if getattr(n.spec, "partial", None) is not None:
+            _partial(spec, n, b, errors)
         for problem in (b.check(n.name, n.spec, spec) if b.check else []):   # the backend's own rules
             errors.add(problem.message, where=problem.where, fix=problem.fix)
     if spec.task.source is not None:
@@ -398,6 +401,19 @@ def _data(spec: GraphSpec, errors: _Errors) -> dict | None:
     return task.describe()
 
 
+def _partial(spec: GraphSpec, n: Node, backend, errors: _Errors) -> None:
+    """Partial rollouts need a generator that carries samples, and a schedule that never regenerates."""
+    where = f"nodes.{n.name}.partial"
+    if not backend.partial:
+        errors.add(f"backend {n.backend} cannot carry unfinished samples to the next firing", where=where,
+                   fix="use backend hf or vllm, or remove partial")
+    if spec.schedule.on_stale == "wait":
+        errors.add("on_stale: wait regenerates whole batches from their prompts, which would drop the tokens that "
+                   "partial rollouts carry", where="schedule.on_stale",
+                   fix=f"raise schedule.max_staleness to the bound `omnigraph check` prints (it includes "
+                       f"max_spans - 1 = {n.spans - 1}), or set on_stale: drop")
+
+
 def _resolvable(load, where: str, errors: _Errors) -> None:
     try:
         load()
@@ -408,8 +424,21 @@ def _resolvable(load, where: str, errors: _Errors) -> None:
 # ---------------------------------------------------------------- warnings
 
 
-def _overlap_warnings(graph: Graph) -> list[str]:
+def _partial_warnings(graph: Graph) -> list[str]:
     out = []
+    for n in graph.of_role("generator"):
+        p = getattr(n.spec, "partial", None)
+        if p is not None and p.budget_tokens and p.budget_tokens * p.max_spans < n.spec.max_new_tokens:
+            last = n.spec.max_new_tokens - (p.max_spans - 1) * p.budget_tokens
+            out.append(f"{n.name}: partial budget_tokens {p.budget_tokens} x max_spans {p.max_spans} < max_new_tokens "
+                       f"{n.spec.max_new_tokens}: a sample in its last firing may still decode {last} tokens, and the "
+                       f"firing waits for it; budget_tokens >= {-(-n.spec.max_new_tokens // p.max_spans)} keeps every "
+                       "firing within the budget")
+    return out
+
+
+def _overlap_warnings(graph: Graph) -> list[str]:
+    out = _partial_warnings(graph)
     update = graph.trainer
     if any(e.delay > 0 and not e.state for e in graph.edges):
         for gen in graph.of_role("generator"):

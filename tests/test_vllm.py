@@ -276,3 +276,40 @@ def test_multiturn_episodes_on_vllm_match_hf_and_their_logprobs_the_trainers():
     mask = out.fields["response_mask"]
     assert float(((lp - out.fields["logprob"]).abs() * mask).max()) < LOGPROB_ATOL
     assert int(out.fields["attention_mask"][:, out.meta["prompt_len"]:].sum()) > int(mask.sum())   # env tokens
+
+
+def test_partial_rollouts_on_vllm_keep_each_tokens_version_and_logprob():
+    """Partial rollouts on the engine: samples begun on weights v0 continue from their prefix on v1 (loaded in
+    place, prefix cache reset); each token's logprob is the trainer's under the version that sampled it. With a
+    deadline, requests not in their last span are aborted and keep the tokens they had."""
+    import time
+    gc.collect()
+    spec, sync, gen = make(["nodes.generate.max_new_tokens=24", "task.prompts=8", "schedule.max_staleness=1",
+                            "nodes.generate.partial={budget_tokens: 4, max_spans: 2}", "nodes.generate.eval_every=0"])
+    try:
+        pol = sync.policy
+        v0 = {k: v.clone() for k, v in pol.model.state_dict().items()}
+        gen.generate(0, prompts(spec, 0), Weights(0))
+        assert gen.in_flight()
+        perturb(pol.model, 0.03)
+        w1 = export(spec, sync, 1)
+        gen.load_weights(w1)
+        b = gen.generate(1, prompts(spec, 1), w1)
+        tv, f = b.fields["token_version"], b.fields
+        assert any((tv[i] == 0).any() and (tv[i] == 1).any() for i in range(len(b)))
+        T = b.meta["temperature"]
+        with torch.no_grad():
+            lp1 = pol.logprobs(pol.model.eval(), b, slice(0, len(b)), T)
+            now = {k: v.clone() for k, v in pol.model.state_dict().items()}
+            pol.model.load_state_dict(v0)
+            lp0 = pol.logprobs(pol.model, b, slice(0, len(b)), T)
+            pol.model.load_state_dict(now)
+        expect = torch.where(tv == 0, lp0, lp1) * f["response_mask"]
+        assert float((expect - f["logprob"]).abs().max()) < LOGPROB_ATOL
+        ids = [gen.encode(Prompt(t)) for t in TEXTS[:2]]
+        cut, full = gen.continue_rows(ids, [20, 20], seed=1, deadline=time.perf_counter() - 1, final=[False, True])
+        assert len(cut[0]) < 20 and not cut[2]                     # aborted at the deadline, not stopped
+        assert full[2] or len(full[0]) == 20                        # the final row ran to its end
+        assert len(cut[1]) == len(cut[0]) and all(x <= 0 for x in cut[1])
+    finally:
+        shutdown(gen)

@@ -32,7 +32,7 @@ from ..planning.plan import aligned
 from ..schedule import DelayLine
 from ..sdk import Prompt, SampleBatch, Weights
 from ..transports.base import portable
-from . import build
+from . import build, checks
 from .faults import Faults
 from .regenerate import Regenerator
 
@@ -57,6 +57,8 @@ class Interpreter:
         """Exporter -> its weights transport on this actor (made when first used: synthetic policies never do)."""
         self.versions: dict[str, int] = {}
         """Generator -> the weights version it holds."""
+        self.in_flight: dict[str, set[int]] = {}
+        """Generator with partial rollouts -> the prompt groups it carries unfinished to its next firing."""
         self._task = None
         self.nodes: dict[str, Any] = {}
         self.contexts = {}
@@ -130,9 +132,16 @@ class Interpreter:
             weights = values["weights"]
             self.load(n.name, impl, weights)
             prompts = self.prompts(step, self.world, self.rank)
+            carried_in = self.in_flight.get(n.name, set())
             batch = impl.generate(step, prompts, weights)
-            _check_rollout(n.name, batch, prompts, weights)
-            record.update(batch=step, weights_version=weights.version, generated_groups=batch.groups)
+            carried_out = set(impl.in_flight()) if n.spans > 1 else set()
+            checks.rollout(n.name, batch, prompts, weights, carried_in=carried_in, carried_out=carried_out,
+                           spans=n.spans)
+            record.update(batch=step, weights_version=weights.version,
+                          generated_groups=list(dict.fromkeys(p.group for p in prompts)))
+            if n.spans > 1:                                 # partial rollouts: what came back, what stays
+                self.in_flight[n.name] = carried_out
+                record.update(emitted_groups=batch.groups, carried_groups=sorted(carried_out))
             rows = {p.group: [p.meta["row"], p.meta.get("epoch", 0)] for p in prompts if "row" in p.meta}
             if rows:                                        # prompts from data: the ledger keys groups by row
                 record["generated_rows"] = rows
@@ -231,6 +240,9 @@ class Interpreter:
         stale = [v - m for m in batch.min_version]
         record.update(batch=batch.batch_id, trained_groups=batch.groups, staleness_mean=sum(stale) / max(len(stale), 1),
                       staleness_max=max(stale, default=0), dropped=0, samples=len(batch))
+        tokens = checks.token_staleness(batch, v)
+        if tokens is not None:
+            record.update(token_staleness_max=tokens[0], token_staleness_mean=tokens[1])
         over = [i for i, x in enumerate(stale) if x > limit]
         if not over:
             return batch
@@ -263,6 +275,7 @@ class Interpreter:
     def snapshot_bytes(self) -> bytes:
         """Everything this actor needs to continue exactly: buffers, versions, node state, RNG."""
         state = {"actor": self.actor, "policy_version": self.policy_version, "versions": dict(self.versions),
+                 "in_flight": {n: sorted(g) for n, g in self.in_flight.items()},
                  "lines": {i: (line.current, list(line.queue)) for i, line in self.lines.items()},
                  "nodes": {n: node.state_dict() for n, node in self.nodes.items() if hasattr(node, "state_dict")},
                  "python_rng": random.getstate()}
@@ -279,7 +292,10 @@ class Interpreter:
         if state["actor"] != self.actor:
             raise RuntimeError(f"checkpoint of actor {state['actor']} given to {self.actor}")
         self.policy_version = state["policy_version"]
-        self.versions.update(state["versions"])
+        # a generator's engine need not keep its weights in its state (vLLM does not): each gets the weights of
+        # its next firing again (the same tensors an uninterrupted run holds then)
+        self.versions.update({n: -1 for n in state["versions"]})
+        self.in_flight = {n: set(g) for n, g in state.get("in_flight", {}).items()}
         for i, (current, queue) in state["lines"].items():
             self.lines[i].current = current
             self.lines[i].queue = collections.deque(queue)
@@ -307,16 +323,3 @@ def join(node: str, port: str, values: list[Any]) -> SampleBatch:
     if not all(isinstance(v, SampleBatch) for v in values):
         raise NodeFailure(node, -1, f"input {port} joins {len(values)} branches, but not all are sample batches")
     return SampleBatch.join(values)
-
-
-def _check_rollout(node: str, batch: Any, prompts: list[Prompt], weights: Weights) -> None:
-    """What the engine relies on: a SampleBatch of the given prompt groups, stamped with its weights."""
-    if not isinstance(batch, SampleBatch):
-        raise TypeError(f"generate() returned a {type(batch).__name__}, not a SampleBatch")
-    want = {p.group for p in prompts}
-    if set(batch.group_ids) != want:
-        raise ValueError(f"the rollout's prompt groups {sorted(set(batch.group_ids))[:6]} are not the ones given "
-                         f"{sorted(want)[:6]}")
-    if any(v > weights.version for v in batch.max_version):
-        raise ValueError(f"samples stamped with versions {max(batch.max_version)} newer than the weights "
-                         f"{weights.version} they were given")

@@ -55,6 +55,20 @@ def format_plan(plan) -> str:
             out.append(f"  {n}: environment {env.name}, at most {env.max_turns} model turns of "
                        f"{g.spec.nodes[n].max_new_tokens} tokens, {env.max_tokens} tokens per episode, "
                        f"{env.waves} wave(s); only the model's tokens are trained; one weights version per episode")
+    partial = {n.name: n.spec.partial for n in g.of_role("generator") if n.spans > 1 or
+               getattr(n.spec, "partial", None) is not None}
+    if partial:
+        st = plan.staleness
+        whole = st.bound_whole if st.bound_whole is not None else st.bound
+        out.append("partial rollouts (interruptible generation):")
+        for n, p in partial.items():
+            budget = f"{p.budget_tokens} new tokens" if p.budget_tokens else f"{p.budget_s:g} s"
+            out.append(f"  {n}: at most {budget} per sample per firing; unfinished groups stay in {n} and continue "
+                       f"on the next weights; a sample spans at most {p.max_spans} firings (in its last, and in the "
+                       f"run's last firing, it runs to its end)")
+        out.append(f"  bound per sample and per token: {st.bound} = {whole} without spans + {st.bound - whole} "
+                   f"(a sample's oldest token is at most {max(p.max_spans for p in partial.values()) - 1} firings "
+                   "older than its newest); checked on every token at the trainer")
     if g.data:
         out.append("data:")
         out.append("  " + data_line(g.data, g.spec))

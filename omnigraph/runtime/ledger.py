@@ -7,10 +7,12 @@ The runtime appends one JSON line per event to ``ledger.jsonl``::
     {"event": "trained", "group": 17, "step": 3, "version": 2, "staleness": 1}
     {"event": "dropped", "group": 9, "step": 3, "reason": "stale"}
     {"event": "regenerated", "group": 21, "step": 6, "version": 5}
+    {"event": "carried", "group": 40, "step": 5}
 
 (``regenerated``: with ``schedule.on_stale: wait`` a group found staler than
 ``max_staleness`` is sampled again with the trainer's current weights before
-it is trained; it is still trained once.) With prompts from data
+it is trained; it is still trained once. ``carried``: with partial rollouts a group still unfinished after a firing stays in
+the rollout and comes back in a later batch; one event per firing it stays.) With prompts from data
 (``task.source``) a ``generated`` event also names the group's dataset
 ``row`` and ``epoch``, and the run directory's ``data.json`` says which rows
 the run draws from, so the ledger can say which rows were trained, dropped or
@@ -50,6 +52,8 @@ def events(record: dict[str, Any]) -> list[dict[str, Any]]:
                     "version": record.get("version", 1) - 1, "staleness": record.get("staleness_max")})
     for g in record.get("dropped_groups", []):
         out.append({"event": "dropped", "group": g, "step": record["step"], "reason": "stale"})
+    for g in record.get("carried_groups", []):
+        out.append({"event": "carried", "group": g, "step": record["step"], "actor": record["actor"]})
     for g in record.get("regenerated_groups", []):
         out.append({"event": "regenerated", "group": g, "step": record["step"], "actor": record["actor"],
                     "version": record.get("version", 1) - 1})
@@ -64,6 +68,8 @@ class Summary:
     dropped: dict[str, int] = field(default_factory=dict)
     lost: int = 0
     regenerated: int = 0
+    carried: int = 0
+    """Prompt groups that stayed in the rollout across at least one firing (partial rollouts)."""
     unknown: list[int] = field(default_factory=list)
     staleness: dict[int, int] = field(default_factory=dict)
     rows: dict[str, Any] | None = None
@@ -87,6 +93,7 @@ def summarize(lines: Iterable[dict[str, Any]], data: dict[str, Any] | None = Non
     reasons: Counter[str] = Counter()
     staleness: Counter[int] = Counter()
     regenerated: set[int] = set()
+    carried: set[int] = set()
     for e in lines:
         kind = e.get("event")
         if kind == "generated":
@@ -100,13 +107,15 @@ def summarize(lines: Iterable[dict[str, Any]], data: dict[str, Any] | None = Non
             reasons[e.get("reason", "?")] += 1
         elif kind == "regenerated":
             regenerated.add(e["group"])
+        elif kind == "carried":
+            carried.add(e["group"])
     handled = trained + dropped
     rows = _rows(lines, trained, data) if data is not None else None
     return Summary(rows=rows, generated=len(generated),
                    trained_once=sum(1 for g, n in trained.items() if n == 1 and not dropped[g]),
                    trained_twice=sorted(g for g, n in handled.items() if n > 1), dropped=dict(reasons),
                    lost=len(generated - set(handled)), regenerated=len(regenerated),
-                   unknown=sorted((set(handled) | regenerated) - generated),
+                   carried=len(carried), unknown=sorted((set(handled) | regenerated | carried) - generated),
                    staleness=dict(sorted(staleness.items())))
 
 
@@ -149,6 +158,7 @@ def format_summary(s: Summary) -> str:
              f"trained twice:           {len(s.trained_twice)}" + (f" ({s.trained_twice[:10]})" if s.trained_twice else ""),
              f"lost (never trained):    {s.lost}",
              f"regenerated (stale):     {s.regenerated}",
+             *([f"carried across firings: {s.carried} (partial rollouts)"] if s.carried else []),
              f"staleness of trained groups (staleness: groups): {stale}",
              *_format_rows(s.rows),
              "ledger: OK, every group handled exactly once" if s.ok else "ledger: NOT OK"]

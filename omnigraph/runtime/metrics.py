@@ -15,7 +15,8 @@ from .ledger import read
 from ..records import steady
 
 SKIP = {"node", "actor", "step", "seconds", "t_start", "t_end", "trained_groups", "dropped_groups",
-        "generated_groups", "generated_rows", "regenerated_groups", "kind", "wait_s", "wait_for", "weights", "apply_s", "spans"}
+        "generated_groups", "generated_rows", "regenerated_groups", "emitted_groups", "carried_groups", "kind",
+        "wait_s", "wait_for", "weights", "apply_s", "spans"}
 
 
 def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -> dict[str, Any]:
@@ -95,6 +96,8 @@ def summary(plan, rows, wall, out) -> dict[str, Any]:
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
     steps = sorted(r["step_s"] for r in steady(rows, plan.fill))
     stale = [r["staleness_max"] for r in rows if "staleness_max" in r]
+    tokens = [r["token_staleness_max"] for r in rows if "token_staleness_max" in r]
+    extra = {"observed_max_token_staleness": max(tokens), "groups_carried": ledger.carried} if ledger.carried else {}
     return {
         "run_dir": str(out), "steps": len(rows), "iterations": plan.iterations, "wall_s": round(wall, 3),
         "s_per_step": round(steps[len(steps) // 2], 4) if steps else None,
@@ -107,4 +110,5 @@ def summary(plan, rows, wall, out) -> dict[str, Any]:
         "regenerate_s": round(sum(r.get("regenerate_s", 0.0) for r in rows), 3),
         "staleness_bound": plan.bound, "observed_max_staleness": max(stale, default=0),
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+        **extra,
     }

@@ -57,6 +57,9 @@ class Backend:
     data_parallel: bool = False
     """A trainer that trains as one optimizer over the ranks of its pool: the executor forms the pool's
     process group before step 0 (``ctx.collectives``)."""
+    partial: bool = False
+    """A generator that can carry unfinished samples across firings (``generate: {partial: ...}``): it
+    implements :meth:`Generator.in_flight` and stamps every token with the version that sampled it."""
     check: Callable[[str, Any, Any], list] | None = None
     """``check(node, options, spec) -> [ConfigError, ...]``: what this backend refuses in a graph (its options,
     and how they must agree with the rest), run by the compiler before anything starts."""
@@ -92,6 +95,10 @@ class Generator(Protocol):
     def evaluate(self, prompts: list[Prompt]) -> dict:
         """Greedy answers to held-out prompts: ``{prompt, completion, target, version}`` lists (scored by
         the scorer)."""
+
+    def in_flight(self) -> list[int]:
+        """Partial rollouts (a backend with ``partial=True``): the prompt groups this generator holds unfinished
+        after its last ``generate``; they come back in a later batch (the engine checks none is lost)."""
 
     def weight_targets(self, payload: str) -> Mapping[str, Any] | None:
         """Optional: the tensors new weights may be written into in place (a transport that receives

@@ -1,0 +1,113 @@
+"""Partial rollouts (``generate: {partial: {budget_tokens | budget_s, max_spans}}``): long completions continue
+in the next firing on whatever weights arrived.
+
+A firing decodes every unfinished sample the rollout holds (the prompt groups it
+carried in, then the new prompts' samples) for at most the budget: ``budget_tokens``
+new tokens per sample, or ``budget_s`` seconds. A sample in its last allowed
+firing (``max_spans``), and every sample in the run's last firing, runs to its
+end (a stop token or ``max_new_tokens``), so no sample spans more firings than the
+compiler's proof assumes and none is left over. The firing returns the groups
+whose samples have all finished (GRPO normalises advantages within a group);
+the others stay here, with each token's id, its sampling logprob and the
+weights version that sampled it, and are continued from ``prompt + tokens so
+far`` with the remaining token budget.
+
+A backend provides ``continue_rows(rows, budgets, seed=, deadline=, final=)``:
+token-id rows in, for each ``(new tokens, their logprobs, stopped)``, at most
+``budgets[i]`` new tokens; with a ``deadline`` (``time.perf_counter()``) the
+rows not ``final`` stop when it passes.
+
+The state (:meth:`Carry.state_dict`) goes into the checkpoint: ``--resume``
+continues the same samples from the same tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from omnigraph.sdk import Prompt
+
+
+@dataclass
+class Sample:
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """The weights version that sampled each token."""
+    spans: int = 0
+    """Firings this sample has been decoded in."""
+    done: bool = False
+    before: int = 0
+    """Tokens it had when the current firing began (carried tokens)."""
+
+
+@dataclass
+class Group:
+    prompt: Prompt
+    samples: list[Sample]
+    step: int
+    """The firing that began it."""
+
+
+class Carry:
+    """The prompt groups a rollout holds between firings, and one firing over them."""
+
+    def __init__(self, spec, max_new_tokens: int, iterations: int):
+        self.spec = spec
+        self.C = max_new_tokens
+        self.last = iterations - 1
+        self.groups: dict[int, Group] = {}
+        self.stats: dict[str, float] = {}
+
+    def in_flight(self) -> list[int]:
+        return sorted(self.groups)
+
+    def fire(self, step: int, prompts: list[Prompt], ids: list[list[int]], k: int, version: int, sampler,
+             seed: int) -> list[Group]:
+        """Decode one firing; return the finished groups (in group order), keep the rest."""
+        carried = len(self.groups)
+        for p, row in zip(prompts, ids):
+            self.groups[p.group] = Group(p, [Sample(list(row)) for _ in range(k)], step)
+        rows = [s for g in self.groups.values() for s in g.samples if not s.done]
+        drain = step >= self.last
+        final = [drain or s.spans + 1 >= self.spec.max_spans for s in rows]
+        budget = self.spec.budget_tokens
+        budgets = [self.C - len(s.tokens) if f or budget is None else min(budget, self.C - len(s.tokens))
+                   for s, f in zip(rows, final)]
+        deadline = None if self.spec.budget_s is None else time.perf_counter() + self.spec.budget_s
+        for s in rows:
+            s.before = len(s.tokens)
+        t0 = time.perf_counter()
+        out = sampler([s.prompt + s.tokens for s in rows], budgets, seed=seed, deadline=deadline, final=final) \
+            if rows else []
+        dt = time.perf_counter() - t0
+        new = 0
+        for s, f, (toks, lps, stopped) in zip(rows, final, out):
+            s.tokens += list(toks)
+            s.logprobs += [float(x) for x in lps]
+            s.versions += [version] * len(toks)
+            s.spans += 1
+            s.done = stopped or f or len(s.tokens) >= self.C
+            new += len(toks)
+        ready = [g for g in sorted(self.groups) if all(s.done for s in self.groups[g].samples)]
+        finished = [self.groups.pop(g) for g in ready]
+        done = [s for g in finished for s in g.samples]
+        self.stats = {
+            "partial_rows": len(rows), "partial_new_tokens": new, "gen_tokens_per_s": new / max(dt, 1e-9),
+            "carried_groups_in": carried, "carried_groups_out": len(self.groups),
+            "carried_rows": sum(1 for s in rows if s.spans > 1),
+            "carried_tokens": sum(s.before for s in done), "returned_tokens": sum(len(s.tokens) for s in done),
+            "spans_mean": sum(s.spans for s in done) / max(len(done), 1),
+            "spans_max": max((s.spans for s in done), default=0),
+            "finished_groups": len(finished)}
+        return finished
+
+    def state_dict(self) -> dict:
+        return {"groups": {g: (grp.prompt, grp.step, [vars(s).copy() for s in grp.samples])
+                           for g, grp in self.groups.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.groups = {g: Group(p, [Sample(**s) for s in samples], step)
+                       for g, (p, step, samples) in state["groups"].items()}
