@@ -1,9 +1,9 @@
 """Partial rollouts benchmark: the same long-tailed GRPO job with and without interruptible generation.
 
 ``graphs/grpo_partial.yaml`` on the tiny model, one step off-policy on the ``ray`` executor (rollout and
-trainer on a core each): numbers of 3 to 12 digits, so most completions end within 15 tokens and a few run
-on to ``max_new_tokens`` (96). Without partial rollouts every batch waits for its longest completion; with
-them a firing decodes at most 24 new tokens per sample and the unfinished groups continue in the next
+trainer on a core each): numbers of 3 to 30 digits, so half the completions end within 6 tokens and one or
+two in a hundred run on to ``max_new_tokens`` (88). Without partial rollouts every batch waits for its longest
+completion; with them a firing decodes at most 22 new tokens per sample and the unfinished groups continue in the next
 firing on the new weights (4 spans at most). Both runs use the same model, data, seeds, cores, threads,
 ``max_staleness`` (4: the partial graph's bound) and checkpoints; they alternate (``--repeats`` pairs) and
 each one's first steps (start-up, pipeline fill) are left out of its s/step (the median of its steady

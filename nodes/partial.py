@@ -80,8 +80,7 @@ class Carry:
         for s in rows:
             s.before = len(s.tokens)
         t0 = time.perf_counter()
-        out = sampler([s.prompt + s.tokens for s in rows], budgets, seed=seed, deadline=deadline, final=final) \
-            if rows else []
+        out = self._decode(rows, budgets, final, sampler, seed, deadline)
         dt = time.perf_counter() - t0
         new = 0
         for s, f, (toks, lps, stopped) in zip(rows, final, out):
@@ -103,6 +102,23 @@ class Carry:
             "spans_max": max((s.spans for s in done), default=0),
             "finished_groups": len(finished)}
         return finished
+
+    @staticmethod
+    def _decode(rows: list[Sample], budgets: list[int], final: list[bool], sampler, seed: int, deadline):
+        """Carried rows (long prefixes) and new rows (prompts only) in two batches: one batch would left-pad
+        every new prompt to the longest carried prefix and recompute that padding at every step. New rows get
+        the firing's seed, so a firing with nothing carried samples exactly what generation without partial
+        rollouts samples."""
+        out: list = [None] * len(rows)
+        for part, salt in (([i for i, s in enumerate(rows) if s.spans > 0], 1),
+                           ([i for i, s in enumerate(rows) if s.spans == 0], 0)):
+            if not part:
+                continue
+            got = sampler([rows[i].prompt + rows[i].tokens for i in part], [budgets[i] for i in part],
+                          seed=(seed + salt * 0x9E3779B1) % 2**32, deadline=deadline, final=[final[i] for i in part])
+            for i, r in zip(part, got):
+                out[i] = r
+        return out
 
     def state_dict(self) -> dict:
         return {"groups": {g: (grp.prompt, grp.step, [vars(s).copy() for s in grp.samples])
