@@ -23,17 +23,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
-NAME = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
-Name = Annotated[str, Field(pattern=NAME, max_length=64)]
-Seconds = Annotated[float, Field(ge=0, le=86_400)]
-Backend = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$", max_length=64)]
-"""A backend name, checked against the plugin registry when the graph is compiled."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from .spec_base import NAME, Backend, Name, Seconds, Strict  # noqa: F401 - the schema's building blocks
+from .spec_rollout import EnvSpec, PartialSpec  # noqa: F401 - what a generate node adds to one completion
 
 
 # ---------------------------------------------------------------- experiment
@@ -155,44 +148,6 @@ class NodeBase(Strict):
     """How a synthetic node spends ``cost``: ``wait`` (accelerator time, host idle) or ``burn`` (CPU)."""
     options: dict[str, Any] = {}
     """Options of the node's backend beyond the kind's own fields (a plugin backend documents them)."""
-
-
-class EnvSpec(Strict):
-    """Multi-turn rollouts (:mod:`omnigraph.sdk.env`): the model and an environment take turns."""
-
-    name: str
-    """A registered environment (``omnigraph.environments``: ``copy_chain``, ``calculator``) or the dotted
-    path ``module:Class`` of one."""
-    max_turns: int = Field(4, ge=1, le=1_000)
-    """Model turns per episode at most (``max_new_tokens`` is the cap of each)."""
-    max_tokens: int = Field(256, ge=1, le=131_072)
-    """Token budget of an episode after its prompt: the model's and the environment's tokens together."""
-    waves: int = Field(2, ge=1, le=64)
-    """The batch's episodes run in this many waves: while one wave's environment steps run, the next
-    wave generates (1: every episode generates, then every environment answers)."""
-    options: dict[str, Any] = {}
-    """Keyword arguments of the environment (e.g. ``latency_s`` of a modelled slow tool)."""
-
-
-class PartialSpec(Strict):
-    """Partial rollouts: a firing returns the prompt groups whose samples have all finished; the others stay
-    in the rollout and continue in the next firing under whatever weights arrived (each token keeps the
-    version that sampled it and its sampling logprob)."""
-
-    budget_tokens: int | None = Field(None, ge=1, le=131_072)
-    """New tokens per sample per firing (decode steps): reproducible, the same on every executor and on resume."""
-    budget_s: Seconds | None = Field(None, gt=0)
-    """Seconds of generation per firing: adapts to the machine, but which samples finish depends on timing."""
-    max_spans: int = Field(2, ge=1, le=64)
-    """Firings (so weight versions) one sample may span; in its last one a sample runs to its end. Adds
-    ``max_spans - 1`` to the staleness bound, per sample and per token."""
-
-    @model_validator(mode="after")
-    def _one_budget(self) -> "PartialSpec":
-        if (self.budget_tokens is None) == (self.budget_s is None):
-            raise ValueError("partial needs exactly one of budget_tokens (new tokens per sample per firing) "
-                             "and budget_s (seconds per firing)")
-        return self
 
 
 class GenerateNode(NodeBase):

@@ -286,7 +286,7 @@ def _translate(err: dict, source: str, lines: dict[tuple, int]) -> GraphError:
         return GraphError("required field is missing", where=where, line=line, source=source,
                           fix=f"add '{loc[-1]}'")
     return GraphError(msg.removeprefix("Value error, "), where=where, line=line, source=source,
-                      fix=_FIXES.get(kind, "see the field's documentation in omnigraph/spec.py"))
+                      fix=_FIXES.get(kind, "see the field's documentation in omnigraph/spec.py (and spec_rollout.py)"))
 
 
 def _clean_loc(loc: tuple) -> tuple:
