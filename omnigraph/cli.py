@@ -23,7 +23,7 @@ from typing import Any
 from . import viz
 from .errors import GraphError, NodeFailure, StalenessError
 from .planning import compile, to_spec, whatif
-from .runtime import run
+from .runtime import interrupt, run
 from .runtime.ledger import format_summary, read
 from .runtime.rundir import config_of
 
@@ -193,7 +193,8 @@ def cmd_run(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     if plan.weights:
         print("weights: " + "; ".join(f"{n} -> generators by {p}" for n, p in plan.weights.items()) + " (plan.txt)")
-    result = run(plan, progress=not args.quiet, resume=args.resume)
+    with interrupt.deferred():          # Ctrl-C stops after the step in flight; a second one at once
+        result = run(plan, progress=not args.quiet, resume=args.resume)
     from .plots import plot_run         # matplotlib loads after the run, not before it
     s = result.summary
     s["plots"] = [str(p) for p in plot_run(result.run_dir)]

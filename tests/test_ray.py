@@ -82,9 +82,10 @@ def test_compiled_one_step_off_overlaps_generation_with_training(ray_session):
     assert times["one_step_off"] == pytest.approx(0.30, rel=0.15)
 
 
-def run_cli(args, env_extra=None, interrupt_after=None, timeout=120, interrupt_when=None):
-    """Run ``omnigraph``; return (code, stderr, the descendants it had that are still alive). SIGINT goes out
-    ``interrupt_after`` seconds in, or as soon as ``interrupt_when()`` is true."""
+def run_cli(args, env_extra=None, timeout=180, interrupt_when=None):
+    """Run ``omnigraph``; return (code, stderr, the descendants it had that are still alive, all it had). With
+    ``interrupt_when``, SIGINT goes out as soon as ``interrupt_when()`` is true. A run still going after
+    ``timeout`` seconds, or 60 s after the SIGINT, is killed with its descendants, and the test fails."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env_extra or {})}
     p = subprocess.Popen([EXE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: set[int] = set()
@@ -95,10 +96,20 @@ def run_cli(args, env_extra=None, interrupt_after=None, timeout=120, interrupt_w
             seen |= {c.pid for c in proc.children(recursive=True)}
         except psutil.Error:
             pass
-        if (interrupt_after and time.monotonic() - start > interrupt_after) or (interrupt_when and interrupt_when()):
+        if interrupt_when and interrupt_when():
             p.send_signal(signal.SIGINT)
-            interrupt_after = interrupt_when = None
+            interrupt_when = None
+            timeout = min(timeout, time.monotonic() - start + 60)
         time.sleep(0.2)
+    if p.poll() is None:
+        for pid in [p.pid, *seen]:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        _, err = p.communicate(timeout=60)
+        pytest.fail(f"still running after {timeout} s"
+                    f"{' and never interrupted' if interrupt_when else ''}: omnigraph {' '.join(args)}\n{err[-3000:]}")
     out, err = p.communicate(timeout=60)
     deadline = time.monotonic() + 15
     alive = [pid for pid in seen if psutil.pid_exists(pid)]
@@ -133,11 +144,14 @@ def test_a_hanging_node_is_reported_after_its_timeout(tmp_path):
 
 
 def test_ctrl_c_tears_down_cleanly(tmp_path):
-    def stepping() -> bool:             # interrupted mid-run, however long this machine takes to start
+    """SIGINT once the first step is written (however long this machine takes to start), into a run that
+    cannot end by itself within the test's limits (10000 steps of >= 0.2 s): it stops at a step boundary."""
+    def stepping() -> bool:
         return any(p.read_text().count("\n") >= 1 for p in tmp_path.glob("*/metrics.jsonl"))
-    code, err, alive, seen = run_cli(["run", SYNTH, "schedule.iterations=200", "--quiet", "--run-dir", str(tmp_path)],
-                                     interrupt_when=stepping)
-    assert code == 1
+    code, err, alive, seen = run_cli(["run", SYNTH, "schedule.iterations=10000", "--quiet", "--run-dir",
+                                      str(tmp_path)], interrupt_when=stepping, timeout=400)
+    assert code == 1, err
+    assert "interrupt: stopping after this step" in err
     assert "error: interrupted: the graph was torn down" in err and "Traceback" not in err
     assert seen and not alive, f"left behind: {alive}"
     (run_dir,) = tmp_path.iterdir()

@@ -24,6 +24,7 @@ from .. import plugins
 from ..errors import GraphError, NodeFailure
 from ..executors import for_executor, make_executor
 from . import checkpoint as ckpt
+from . import interrupt
 from .ledger import events
 from .loggers import make as make_loggers, run_params
 from .metrics import step_metrics, summary
@@ -65,6 +66,7 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
             bar.status("preparing the model")
             plugins.model_dir(spec.model.path, spec.model.seed, log=bar.log)
         while True:
+            interrupt.check()
             os.environ["OMNIGRAPH_ATTEMPT"] = str(len(restarts))
             try:
                 rows = _attempt(plan, out, graph_id, bar, t0, resume=resume is not None or bool(restarts))
@@ -102,7 +104,12 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
     restart = _restore_point(out, graph_id, bar) if resume else None
     start = restart.step + 1 if restart else 0
     files = RunFiles(out, restart.manifest if restart else ({} if resume else None))
-    ex = make_executor(plan, on_status=bar.status)
+
+    def status(text: str) -> None:      # the executors report every second while the actors start
+        bar.status(text)
+        interrupt.check()
+
+    ex = make_executor(plan, on_status=status)
     loggers = make_loggers(spec.runtime.loggers, out, start, run_params(plan, out))
     every = spec.checkpoint.every
     barrier = (lambda t: bool(every) and 0 < t < plan.steps and t % every == 0) if every else None
@@ -138,6 +145,7 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
             if barrier and barrier(result.step + 1):
                 bar.status(f"checkpoint after step {result.step}")
                 ckpt.save(out, result.step, graph_id, ex.snapshot(), dict(files.counts), spec.checkpoint.keep)
+            interrupt.check()           # a Ctrl-C under `omnigraph run` stops here, after a whole step
         bar.status("saving final weights")
         ex.finish(str(out))
     except OSError as e:
