@@ -41,6 +41,7 @@ class RayCompiledExecutor(RayExecutor):
     def start(self) -> None:
         super().start()
         self.compiled = None
+        self.unread = 0             # executions submitted whose results were not read
         self.compiled = self._compile()
 
     def _compile(self):
@@ -89,7 +90,9 @@ class RayCompiledExecutor(RayExecutor):
         return {op: t for op, t in out.items() if t is not None}
 
     def _submit(self, t: int, fired: frozenset):
-        return self.compiled.execute((t, tuple(sorted(fired))))
+        ref = self.compiled.execute((t, tuple(sorted(fired))))
+        self.unread += 1
+        return ref
 
     def _finish(self, t: int, fired: frozenset, ref) -> StepResult:
         if self.signals is not None:
@@ -105,12 +108,15 @@ class RayCompiledExecutor(RayExecutor):
             results = [r.get(timeout=self.timeout) for r in ref]
         except RayChannelTimeoutError:
             raise self.hung(t) from None
+        self.unread -= 1
         return self.result(t, fired, results)
 
     def stop(self) -> None:
         compiled, self.compiled = getattr(self, "compiled", None), None
-        if getattr(self, "hang_seen", False):
-            self.kill_actors()      # a hung node would hold teardown() for its whole timeout
+        if getattr(self, "hang_seen", False) or getattr(self, "unread", 0):
+            # a hung node, or a step still in flight when the run stopped (a failure, Ctrl-C), would hold
+            # teardown() until its timeout: the actors go first (stop() kills them anyway)
+            self.kill_actors()
         if compiled is not None:
             # teardown() waits for a hung node: give it a few seconds, then kill the actors anyway
             th = threading.Thread(target=_quiet_teardown, args=(compiled,), daemon=True)
