@@ -31,7 +31,8 @@ class Failed:
 
 
 class GraphActor:
-    def __init__(self, plan, actor: str, ops, signal_dir: str | None, wait_timeout: float):
+    def __init__(self, plan, actor: str, ops, signal_dir: str | None, wait_timeout: float,
+                 preload_torch: bool = True):
         self.actor = actor
         self.ops = ops
         self.wait_timeout = wait_timeout
@@ -43,7 +44,9 @@ class GraphActor:
             # what this actor is running, readable by the driver even after the process dies
             self._status_fd = os.open(os.path.join(signal_dir, f"status-{actor}"), os.O_RDWR | os.O_CREAT, 0o600)
         self.init_error: str | None = None
-        _set_threads(plan.actors[actor].cpus)
+        _pin_cores()
+        if preload_torch:
+            _set_threads(plan.actors[actor].cpus, load=True)
         self.waits: list[dict[str, Any]] = []
         try:
             self.interp = Interpreter(plan, actor)
@@ -51,6 +54,8 @@ class GraphActor:
             self.init_error = str(e)
         except Exception as e:  # noqa: BLE001 - a GraphError (e.g. no CUDA) or a bug: still one clear message
             self.init_error = str(NodeFailure(actor, -1, e))
+        if not preload_torch:
+            _set_threads(plan.actors[actor].cpus, load=False)
 
     # -- classic calls (before the graph starts, or concurrently with it) ----
     def ready(self) -> dict[str, Any]:
@@ -172,16 +177,26 @@ def _cuda_info() -> dict[str, Any] | None:
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-def _set_threads(cpus: float) -> None:
-    """Compute threads = the actor's CPUs (Ray pins OMP_NUM_THREADS; torch must agree); with
-    ``OMNIGRAPH_PIN_CPUS`` (see ``ray_common.core_layout``) the process runs on those cores only."""
+def _pin_cores() -> None:
+    """With ``OMNIGRAPH_PIN_CPUS`` (see ``ray_common.core_layout``) the process runs on those cores only."""
     pinned = os.environ.get("OMNIGRAPH_PIN_CPUS")
     if pinned:
         os.sched_setaffinity(0, [int(c) for c in pinned.split(",")])
-    try:
-        import torch
-    except ImportError:
-        return
+
+
+def _set_threads(cpus: float, load: bool) -> None:
+    """Compute threads = the actor's CPUs (Ray pins OMP_NUM_THREADS; torch must agree). ``load``: import
+    torch for it; else only a torch the nodes imported (a torch imported later reads the same count from
+    OMP_NUM_THREADS)."""
+    if load:
+        try:
+            import torch
+        except ImportError:
+            return
+    else:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
     n = max(1, int(cpus))
     os.environ["OMP_NUM_THREADS"] = str(n)
     torch.set_num_threads(n)

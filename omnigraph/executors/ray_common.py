@@ -13,7 +13,7 @@ import ray
 
 from .. import plugins
 from ..errors import GraphError, NodeFailure
-from ..transports.pack import remove_shm
+from ..transports.shmfiles import remove_shm     # not .pack: the driver need not load torch
 from .base import Executor, StepResult
 from .program import Op, pipe_names, program
 from .ray_actor import GraphActor
@@ -45,6 +45,10 @@ class RayExecutor(Executor):
     """Starts Ray (unless it runs already) and one GraphActor per plan actor."""
 
     uses_waits = False
+    preload_torch = True
+    """Each actor imports torch as it starts, before any thread of its own could: Compiled Graphs' loop
+    imports it in a thread as it begins (two threads importing torch at once deadlock), and the first
+    step would pay its seconds."""
 
     def start(self) -> None:
 
@@ -132,7 +136,8 @@ class RayExecutor(Executor):
             actors[name] = remote.options(
                 num_cpus=a.cpus, num_gpus=a.gpus,
                 runtime_env={"env_vars": env | pin}).remote(
-                self.plan, name, self.ops, self.signals.dir if self.signals else None, self.timeout)
+                self.plan, name, self.ops, self.signals.dir if self.signals else None, self.timeout,
+                self.preload_torch)
         return actors
 
     def _ready(self) -> dict[str, dict[str, Any]]:

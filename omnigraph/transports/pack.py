@@ -27,8 +27,6 @@ every pack pickle as host memory while it is active.
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import os
 import weakref
 from collections.abc import Mapping
@@ -37,6 +35,7 @@ from typing import Any, Iterator
 import torch
 
 from .base import portable
+from .shmfiles import name, remove_orphans, unlink
 
 PATHS = ("cuda-ipc", "shm", "host")
 _SENT: "weakref.WeakValueDictionary[int, TensorPack]" = weakref.WeakValueDictionary()
@@ -93,7 +92,7 @@ class TensorPack(Mapping):
         pack = cls(buffers, layout, path)
         if path == "shm":
             pack.files = {dt: b.og_file for dt, b in buffers.items()}
-            weakref.finalize(pack, _unlink, list(pack.files.values()))
+            weakref.finalize(pack, unlink, list(pack.files.values()))
         return pack
 
     # -- the mapping ---------------------------------------------------------
@@ -172,36 +171,12 @@ def _shm_buffer(n: int, dt: str):
     if folder is None:
         raise RuntimeError("the shm weights path needs a writable /dev/shm")
     if _SHM_COUNT[0] == 0:
-        _remove_orphans(folder)
+        remove_orphans(folder)
     _SHM_COUNT[0] += 1
-    tag = os.environ.get("OMNIGRAPH_SHM_TAG", str(os.getpid()))
-    path = os.path.join(folder, f"omnigraph-weights-{tag}-{os.getpid()}-{_SHM_COUNT[0]}-{dt}")
+    path = name(folder, os.environ.get("OMNIGRAPH_SHM_TAG", str(os.getpid())), os.getpid(), _SHM_COUNT[0], dt)
     t = torch.from_file(path, shared=True, size=max(n, 1), dtype=getattr(torch, dt))[:n]
     t.og_file = path
     return t
-
-
-def _remove_orphans(folder: str) -> None:
-    """Weights files whose writer is gone (killed before it could clean up): RAM nobody will free."""
-    for path in glob.glob(os.path.join(folder, "omnigraph-weights-*")):
-        try:
-            pid = int(os.path.basename(path).split("-")[-3])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            _unlink([path])
-        except (ValueError, IndexError, PermissionError):
-            pass
-
-
-def remove_shm(tag: str) -> None:
-    """Delete every weights file made under ``tag`` (an executor's actors, after they stopped)."""
-    _unlink(glob.glob(f"/dev/shm/omnigraph-weights-{tag}-*"))
-
-
-def _unlink(paths: list[str]) -> None:
-    for p in paths:
-        with contextlib.suppress(OSError):
-            os.unlink(p)
 
 
 def _open_shm(files: dict[str, tuple[str, int]], layout) -> TensorPack:
