@@ -23,6 +23,18 @@ def expectations(path: Path, key: str) -> list[str]:
     return out
 
 
+@pytest.fixture(scope="module")
+def ray_session():
+    """One Ray cluster for a module's in-process runs (an executor joins it instead of starting its own and
+    shutting it down: seconds each on a small host). 64 logical CPUs: random graphs may ask for many small
+    actors; their synthetic nodes cost nothing."""
+    import ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(address="local", num_cpus=64, include_dashboard=False, logging_level="ERROR", configure_logging=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture
 def tmp_runs(tmp_path):
     return tmp_path / "runs"

@@ -86,7 +86,7 @@ def test_validation_names_what_data_parallel_training_needs():
 
 
 @pytest.mark.slow
-def test_one_step_off_with_two_trainer_actors_on_ray_learns_and_keeps_them_identical(tmp_path):
+def test_one_step_off_with_two_trainer_actors_on_ray_learns_and_keeps_them_identical(ray_session, tmp_path):
     import pickle
 
     from omnigraph.executors import make_executor
@@ -107,7 +107,7 @@ def test_one_step_off_with_two_trainer_actors_on_ray_learns_and_keeps_them_ident
 
 
 @pytest.mark.slow
-def test_one_failed_rank_stops_its_peer_at_once_and_the_run_recovers(tmp_path, monkeypatch):
+def test_one_failed_rank_stops_its_peer_at_once_and_the_run_recovers(ray_session, tmp_path, monkeypatch):
     """Rank 1 raises in the update while rank 0 waits in the all-reduce for it: rank 0 notices through the group's
     store within ~50 ms (not after runtime.step_timeout_s), the supervisor restarts both from the checkpoint."""
     import json

@@ -1,6 +1,6 @@
 """The Ray executors: the same results as the local executor, and clean failures.
 
-Ray starts once per session for the in-process tests; the failure tests run
+Ray starts once per module for the in-process tests (``ray_session``); the failure tests run
 the real ``omnigraph`` command in a subprocess and check that it leaves no
 process behind.
 """
@@ -29,15 +29,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 EXE = str(Path(sys.executable).parent / "omnigraph")
 COMPARED = ("batch", "staleness_max", "staleness_mean", "version", "weights_version", "reward_mean",
             "trained_groups", "generated_groups", "loss", "dropped")
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-    # logical CPUs: random graphs may ask for many small actors; their synthetic nodes cost nothing
-    ray.init(address="local", num_cpus=64, include_dashboard=False, logging_level="ERROR", configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def trace(plan, executor):
@@ -188,7 +179,7 @@ def test_supervised_runs_survive_each_fault_with_the_undisturbed_ledger(ray_sess
 
 
 @pytest.mark.slow
-def test_the_shipped_graph_colocated_by_pools_alone_trains_on_ray(tmp_path):
+def test_the_shipped_graph_colocated_by_pools_alone_trains_on_ray(ray_session, tmp_path):
     """Every node of graphs/grpo_one_step_off.yaml on one pool (one actor, 2 CPUs): the same bound, a warning
     that one pool cannot overlap, and it trains with every group once."""
     over = [f"nodes.{n}.pool=trainer" for n in ("generate", "reward", "old_logprob", "update", "sync")]

@@ -41,10 +41,12 @@ def metrics(d: Path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", ["local", "ray", "ray-tasks"])
-def test_resume_is_bit_exact_for_real_training(tmp_path, monkeypatch, executor):
+def test_resume_is_bit_exact_for_real_training(tmp_path, monkeypatch, request, executor):
     """Interrupted at step 7 and resumed from the step-5 checkpoint: the metrics and the final weights are
     bit-identical to an uninterrupted run's, on every executor."""
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    if executor != "local":
+        request.getfixturevalue("ray_session")      # the three runs join one cluster, not three of their own
     on = f"runtime.executor={executor}"
     whole = run(compile_("grpo_one_step_off.yaml", on), run_dir=tmp_path / "a", progress=False).run_dir
     d = interrupted("grpo_one_step_off.yaml", tmp_path, monkeypatch, "update@7:raise", on)

@@ -49,7 +49,7 @@ def test_wait_regenerates_stale_groups_on_the_local_executor(tmp_path):
 
 
 @pytest.mark.slow
-def test_wait_regenerates_the_same_way_on_every_executor(tmp_path):
+def test_wait_regenerates_the_same_way_on_every_executor(ray_session, tmp_path):
     """The same ledger on local, ray and ray-tasks: which groups were regenerated, with which version,
     trained at which staleness."""
     local = check(wait_run(tmp_path, "local"))
