@@ -16,12 +16,18 @@ with the real nodes (``generate`` backend ``hf``, ``reward``, ``old_logprob``,
 ``update``, ``sync``, built as their actors build them:
 ``omnigraph.testing.build_node``) in this process, bf16 as ``graphs/gpu/*.yaml`` says:
 
-- generation tokens/s (transformers ``generate``, sampled, with logits);
+- generation tokens/s, the same node two ways side by side (interleaved, after a warm-up each): ``decode:
+  eager`` (transformers ``generate``, dynamic cache) and ``decode: static`` (static KV cache, the compiled
+  decode step, :mod:`nodes.decode`), both sampled with logprobs; ``gen_speedup_static`` is their ratio and
+  ``gen_compile_s`` the static node's one compile at construction (not in the rates);
 - update tokens/s (``old_logprob`` (fused into the update when it takes one optimizer
   step) + the update: forward, PPO loss, backward, AdamW, over prompt and completion tokens);
 - weight sync by the path the plan chooses for pools sharing a card (``cuda-ipc``): the
-  trainer's export (``sync`` + the transport: one flat bf16 buffer), the receiver's open of
-  the CUDA IPC handle and copy in another process, its ``load_state_dict``;
+  trainer's export (``sync`` + the transport: a persistent flat bf16 buffer refilled), then in another
+  process the real rollout node (``decode: eager``) and transport: unpickling the ``Weights`` (opens the CUDA
+  IPC handle, or finds it open), the transport's ``arrive`` (copies into the node's parameters, waits), the
+  node's ``load_weights``; ``ipc_fraction_of_device_copy`` = a device copy of the same bytes / the whole sync,
+  and the receiver's parameters are checked against what was sent (``sync_verified``);
 - against, in the same run and on the same bytes: a device-to-device copy, and the host
   round trip through omnigraph's own ``host`` weights path (the same ``sync`` state exported
   by the ``host`` transport: ``TensorPack.pack(..., dtype=bf16, path="host")`` on the GPU,
@@ -140,11 +146,14 @@ def cuda_time(fn, reps: int = 5) -> float:
 
 RECEIVER = r"""
 import os, pickle, struct, sys, time, torch
-from transformers import AutoConfig, AutoModelForCausalLM
 sys.path.insert(0, os.getcwd())
-cfg = AutoConfig.from_pretrained(sys.argv[1])
-with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+import omnigraph as og
+from omnigraph import transports
+from omnigraph.testing import build_node
+spec = og.load(sys.argv[1], [f"model.path={sys.argv[2]}", "nodes.generate.decode=eager", "nodes.generate.eval_every=0",
+                             "checkpoint.every=null"])
+gen, _ = build_node(spec, "generate")
+rx = transports.make("cuda-ipc", "sync", spec.nodes["sync"])
 print("ready", flush=True)
 while True:
     head = sys.stdin.buffer.read(8)
@@ -152,13 +161,17 @@ while True:
         break
     blob = sys.stdin.buffer.read(struct.unpack("<Q", head)[0])
     t0 = time.perf_counter()
-    pack = pickle.loads(blob)          # opens the CUDA IPC handle, copies the buffer into our memory
-    torch.cuda.synchronize()
+    w = pickle.loads(blob)                       # the Weights: opens the CUDA IPC buffer (or finds it open)
     t1 = time.perf_counter()
-    model.load_state_dict(pack, strict=True)
-    torch.cuda.synchronize()
+    path = w.path
+    w = rx.arrive(w, gen.weight_targets(w.payload))   # copies into the node's parameters and waits for it
     t2 = time.perf_counter()
-    print(f"{t1 - t0:.6f} {t2 - t1:.6f} {pack.path}", flush=True)
+    gen.load_weights(w)
+    torch.cuda.synchronize()
+    t3 = time.perf_counter()
+    print(f"{t1 - t0:.6f} {t2 - t1:.6f} {t3 - t2:.6f} {path}", flush=True)
+unique = {p.data_ptr(): p for p in gen.model.state_dict().values()}
+print("sum", repr(float(sum(p.double().sum() for p in unique.values()))), flush=True)
 """
 
 
@@ -178,23 +191,32 @@ def micro(name: str, path: Path, origin: str, args) -> dict:
     """Generation, update and weight-sync rates with the real nodes, in this process."""
     reps = args.reps
     new = 64 if args.quick else 128
-    spec = spec_for(path, [f"task.prompts={16}", f"nodes.generate.max_new_tokens={new}",
-                           "nodes.update.micro_batch_size=32", "nodes.old_logprob.micro_batch_size=32"])
+    overrides = [f"task.prompts={16}", f"nodes.generate.max_new_tokens={new}",
+                 "nodes.update.micro_batch_size=32", "nodes.old_logprob.micro_batch_size=32"]
+    spec = spec_for(path, overrides)
     plan = og.compile(spec)
     shared: dict = {}                                   # the trainer actor's nodes share one policy
-    gen, roll = build_node(spec, "generate")
+    t0 = time.perf_counter()
+    gen, roll = build_node(spec_for(path, overrides + ["nodes.generate.decode=static"]), "generate")
+    build_s = time.perf_counter() - t0
+    compile_s = roll.metrics.get("decode_compile_s", float("nan"))
+    eager, eager_ctx = build_node(spec_for(path, overrides + ["nodes.generate.decode=eager"]), "generate")
     rew, _ = build_node(spec, "reward")
     olp, _ = build_node(spec, "old_logprob", shared=shared)
     upd, _ = build_node(spec, "update", shared=shared)
     sync, _ = build_node(spec, "sync", shared=shared)
     params = sum(p.numel() for p in upd.policy.model.parameters())
-    # generation: the node's own tokens/s (completion tokens; a random model rarely stops early)
+    # generation: each node's own tokens/s (completion tokens; a random model rarely stops early), interleaved
     gen.generate(0, prompts(spec, 0), Weights(0))
-    rates = []
-    for step in range(1, 3):
-        batch = gen.generate(step, prompts(spec, step), Weights(0))
-        rates.append(roll.metrics["gen_tokens_per_s"])
-    gen_tps = statistics.median(rates)
+    eager.generate(0, prompts(spec, 0), Weights(0))
+    rates = {"eager": [], "static": []}
+    for step in range(1, reps + 1):
+        for mode, node, ctx in (("eager", eager, eager_ctx), ("static", gen, roll)):
+            batch = node.generate(step, prompts(spec, step), Weights(0))
+            rates[mode].append(ctx.metrics["gen_tokens_per_s"])
+    gen_tps = {m: statistics.median(r) for m, r in rates.items()}
+    del eager
+    torch.cuda.empty_cache()
     batch = rew.score(0, batch)
     # the trainer's step: old_logprob (fused into the update when it takes one optimizer step) + the update
     fused = olp.fusable(batch)
@@ -214,44 +236,55 @@ def micro(name: str, path: Path, origin: str, args) -> dict:
     c = int(batch.fields["response_mask"].sum(1).max())
     tokens = len(batch) * (P + c)
     upd_tps = tokens / statistics.median(times)
-    # weight sync by the plan's path: export -> CUDA IPC -> another process opens, copies, loads
+    # weight sync by the plan's path: export -> CUDA IPC -> another process's rollout node opens, copies, loads
+    from omnigraph.transports.packed import KEEP
     path_name = plan.weights["sync"]
     tx = transports.make(path_name, "sync", spec.nodes["sync"])
-    rx = subprocess.Popen([sys.executable, "-c", RECEIVER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
-                              "PYTHONPATH", "")])})
+    rx = subprocess.Popen([sys.executable, "-c", RECEIVER, str(GPU_GRAPH), str(path)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(ROOT), os.environ.get("PYTHONPATH", "")])})
     _read(rx, lambda w: w == ["ready"])
     rows = []
-    for v in range(1, reps + 2):                     # the first one warms up
+    for v in range(1, KEEP + reps + 1):              # the first KEEP fill the sender's packs and open them: warm-up
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         w = tx.export(sync.state(), v)
         t1 = time.perf_counter()
-        blob = pickle.dumps(w.tensors)
+        blob = pickle.dumps(w)
         rx.stdin.write(struct.pack("<Q", len(blob)) + blob)
         rx.stdin.flush()
-        t_open, t_load, how = _read(rx, lambda w: len(w) == 3 and w[2] in ("cuda-ipc", "shm", "host"))
+        t_open, t_copy, t_load, how = _read(rx, lambda w: len(w) == 4 and w[3] in ("cuda-ipc", "shm", "host"))
         t2 = time.perf_counter()
-        rows.append({"export": t1 - t0, "open_copy": float(t_open), "load": float(t_load), "total": t2 - t0,
-                     "handle_bytes": len(blob), "path": how})
+        rows.append({"export": t1 - t0, "open": float(t_open), "copy": float(t_copy), "load": float(t_load),
+                     "total": t2 - t0, "handle_bytes": len(blob), "path": how})
     rx.stdin.close()
+    sent = float(sum(b.double().sum() for b in w.tensors.buffers.values()))
+    got = float(_read(rx, lambda w: len(w) == 2 and w[0] == "sum")[1])
     rx.wait(timeout=60)
-    tx.close()
     nbytes = w.nbytes
-    med = {k: statistics.median(r[k] for r in rows[1:]) for k in ("export", "open_copy", "load", "total")}
+    parts = ("export", "open", "copy", "load", "total")
+    med = {k: statistics.median(r[k] for r in rows[KEEP:]) for k in parts}
     flat = next(iter(w.tensors.buffers.values()))
     d2d = cuda_time(lambda: flat.clone(), reps)
     del w, flat
+    tx.close()
     host = host_round_trip(spec, sync, gen, reps)
     del gen, upd, olp, sync, rew
     torch.cuda.empty_cache()
-    return {"model": name, "weights": origin, "params_m": round(params / 1e6, 1), "gen_tokens_per_s": round(gen_tps),
-            "gen_batch": len(batch), "max_new_tokens": new, "update_tokens_per_s": round(upd_tps),
+    return {"model": name, "weights": origin, "params_m": round(params / 1e6, 1),
+            "gen_tokens_per_s": round(gen_tps["static"]), "gen_tokens_per_s_eager": round(gen_tps["eager"]),
+            "gen_tokens_per_s_static": round(gen_tps["static"]),
+            "gen_speedup_static": round(gen_tps["static"] / gen_tps["eager"], 2), "gen_compile_s": round(compile_s, 1),
+            "gen_static_build_s": round(build_s, 1), "gen_reps": reps, "gen_batch": len(batch), "max_new_tokens": new, "update_tokens_per_s": round(upd_tps),
             "update_tokens": tokens, "update_s": round(statistics.median(times), 4), "old_logprob_fused": fused,
             "reps": reps, "sync_bytes": nbytes, "sync_path": rows[-1]["path"],
             "sync_handle_bytes": rows[-1]["handle_bytes"],
-            **{f"sync_{k}_s": round(v, 5) for k, v in med.items()},
+            **{f"sync_{k}_s": round(v, 6) for k, v in med.items()},
+            "sync_first_s": round(rows[0]["total"], 5), "sync_warmup": KEEP,
             "sync_gb_per_s": round(nbytes / med["total"] / 1e9, 2),
+            "sync_verified": abs(sent - got) <= 1e-9 * max(1.0, abs(sent)), "sync_sum_sent": sent, "sync_sum_received": got,
             "d2d_copy_s": round(d2d, 6), "d2d_copy_gb_per_s": round(nbytes / d2d / 1e9, 1),
+            "ipc_fraction_of_device_copy": round(d2d / med["total"], 3),
             "host_round_trip_s": round(host["total"], 4),
             "host_round_trip_gb_per_s": round(host["bytes"] / host["total"] / 1e9, 2),
             "host_round_trip_parts_s": {k: round(host[k], 4) for k in ("export", "pickle", "unpickle", "load")},
@@ -334,17 +367,19 @@ def main() -> int:
         gc.collect()
         torch.cuda.empty_cache()
         results.append(r)
-        print(f"  parameters {r['params_m']}M; generation {r['gen_tokens_per_s']:,} tokens/s "
-              f"({r['gen_batch']} sequences x {r['max_new_tokens']} new tokens); update {r['update_tokens_per_s']:,} "
-              f"tokens/s ({r['update_tokens']} tokens in {r['update_s']:.3f} s)")
-        print(f"  weight sync by {r['sync_path']}: {r['sync_bytes'] / 1e6:.0f} MB in {r['sync_total_s'] * 1e3:.1f} ms "
-              f"= {r['sync_gb_per_s']} GB/s (export {r['sync_export_s'] * 1e3:.1f} ms, open+copy in the receiver "
-              f"{r['sync_open_copy_s'] * 1e3:.1f} ms, load_state_dict {r['sync_load_s'] * 1e3:.1f} ms; "
-              f"{r['sync_handle_bytes']} bytes pickled)")
+        print(f"  parameters {r['params_m']}M; generation ({r['gen_batch']} sequences x {r['max_new_tokens']} new "
+              f"tokens) eager {r['gen_tokens_per_s_eager']:,} tokens/s, static {r['gen_tokens_per_s_static']:,} "
+              f"tokens/s: x{r['gen_speedup_static']} (compiled once in {r['gen_compile_s']} s, at construction); "
+              f"update {r['update_tokens_per_s']:,} tokens/s ({r['update_tokens']} tokens in {r['update_s']:.3f} s)")
+        print(f"  weight sync by {r['sync_path']}: {r['sync_bytes'] / 1e6:.0f} MB in {r['sync_total_s'] * 1e3:.2f} ms "
+              f"= {r['sync_gb_per_s']} GB/s (export {r['sync_export_s'] * 1e3:.2f} ms; in the receiver: open "
+              f"{r['sync_open_s'] * 1e3:.2f} ms, copy into the model {r['sync_copy_s'] * 1e3:.2f} ms, load_weights "
+              f"{r['sync_load_s'] * 1e3:.2f} ms; {r['sync_handle_bytes']} bytes pickled; first sync "
+              f"{r['sync_first_s'] * 1e3:.1f} ms; received = sent: {r['sync_verified']})")
         print(f"  same bytes: device-to-device copy {r['d2d_copy_s'] * 1e3:.2f} ms = {r['d2d_copy_gb_per_s']} GB/s; "
               f"host round trip (omnigraph's host path, one process) {r['host_round_trip_s'] * 1e3:.0f} ms = "
               f"{r['host_round_trip_gb_per_s']} GB/s; "
-              f"sync/d2d = {r['sync_total_s'] / r['d2d_copy_s']:.0f}x, host/sync = "
+              f"d2d/sync = {r['ipc_fraction_of_device_copy']}, host/sync = "
               f"{r['host_round_trip_s'] / r['sync_total_s']:.1f}x")
     rt = {}
     if not args.skip_runtime:
@@ -359,6 +394,12 @@ def main() -> int:
         if len(rt) == 2:
             print(f"one-step-off speedup on one shared card: {rt['sync']['s_per_step'] / rt['one_step_off']['s_per_step']:.2f}x")
     summary = {"gpu": dev.name, "models": results, "runtime": rt}
+    head = results[0]                                # the first model (qwen2-0.5b by default): the headline
+    summary.update({k: head[k] for k in ("gen_speedup_static", "gen_compile_s", "ipc_fraction_of_device_copy")})
+    summary["headline_model"] = head["model"]
+    print(f"\n{head['model']}: gen_speedup_static {head['gen_speedup_static']} (compile {head['gen_compile_s']} s), "
+          f"ipc_fraction_of_device_copy {head['ipc_fraction_of_device_copy']} "
+          f"(sync {head['sync_total_s'] * 1e3:.2f} ms, device copy {head['d2d_copy_s'] * 1e3:.2f} ms)")
     if len(rt) == 2:
         summary["one_step_off_speedup"] = round(rt["sync"]["s_per_step"] / rt["one_step_off"]["s_per_step"], 3)
     record.emit("gpu", summary, args)

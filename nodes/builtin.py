@@ -52,16 +52,34 @@ def _not_partial_episodes(node, options, spec) -> list:
     return []
 
 
+def _static_decode(node, options, spec) -> list:
+    """``decode: static`` compiles a CUDA graph per token: it needs a pool with GPUs."""
+    pool = spec.pools.get(options.pool)
+    if options.decode.mode == "static" and pool is not None and pool.gpus <= 0:
+        return [ConfigError(f"decode: static compiles the decode step for CUDA, but pool '{options.pool}' has no GPU",
+                            where=f"nodes.{node}.decode", fix="use decode: auto (static on CUDA, eager on the CPU) "
+                                                              f"or eager, or give pools.{options.pool} gpus")]
+    return []
+
+
+def _hf_only_decode(node, options, spec) -> list:
+    if options.decode.mode != "auto":
+        return [ConfigError(f"decode is a backend hf option (this node uses backend {options.backend})",
+                            where=f"nodes.{node}.decode", fix="remove it, or set backend: hf")]
+    return []
+
+
 def _token_generator(node, options, spec) -> list:
-    return _not_merged(node, options, spec) + _episodes(node, options, spec) + _not_partial_episodes(node, options, spec)
+    return (_not_merged(node, options, spec) + _episodes(node, options, spec) + _not_partial_episodes(node, options, spec)
+            + _static_decode(node, options, spec))
 
 
 def _vllm_generator(node, options, spec) -> list:
-    return _episodes(node, options, spec) + _not_partial_episodes(node, options, spec)
+    return _episodes(node, options, spec) + _not_partial_episodes(node, options, spec) + _hf_only_decode(node, options, spec)
 
 
 def _synthetic_generator(node, options, spec) -> list:
-    out = _not_merged(node, options, spec)
+    out = _not_merged(node, options, spec) + _hf_only_decode(node, options, spec)
     if options.env is not None:
         out.append(ConfigError("multi-turn episodes need a token generator, not synthetic stand-in work",
                                where=f"nodes.{node}.env", fix="use backend: hf or vllm, or remove env"))

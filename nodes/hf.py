@@ -4,7 +4,13 @@ Each rollout rank samples ``samples_per_prompt`` completions of the prompts the
 engine gives it (the fields are documented in :mod:`nodes.rollout`). New weights
 (from ``sync``) are loaded when their version changes: full state dicts, or
 LoRA adapter tensors; over NCCL they arrive straight in the model's tensors
-(:meth:`Generate.weight_targets`).
+(:meth:`Generate.weight_targets`); any other way, they are copied into the model's parameters in place, in one
+multi-tensor copy (:func:`omnigraph.sdk.copy_into`).
+
+On CUDA (``decode: auto`` or ``static``) :meth:`Generate.sample` decodes through a static KV cache and a
+compiled decode step, compiled once when the node is built (:mod:`nodes.decode`); on the CPU (or ``decode:
+eager``) through transformers' ``generate``. Partial rollouts (:meth:`Generate.continue_rows`) always decode
+eagerly: their rows and budgets change every firing.
 
 The token loop is a fault point (``ctx.fault("token")``, once per generated
 token): tests inject failures in the middle of generation there.
@@ -17,9 +23,10 @@ import time
 import torch
 from transformers import StoppingCriteria
 
-from omnigraph.sdk import NodeContext, Weights
+from omnigraph.sdk import ConfigError, NodeContext, Weights, copy_into
 
 from nodes import models
+from nodes.decode import StaticDecoder, bucket
 from nodes.losses import token_logprobs
 from nodes.rollout import Rollout
 
@@ -70,6 +77,28 @@ class Generate(Rollout):
             self.model = models.with_lora(self.model, self.lora)
         self.stops = self.stop_ids()
         self.stopper = _FaultPoint(ctx)
+        self._targets: dict = {}                   # payload -> the model's own tensors (stable: written in place)
+        self._plans: dict = {}                     # copy_into's matched lists
+        self.decoder = self._static_decoder()
+
+    def _static_decoder(self) -> StaticDecoder | None:
+        """``decode: static`` (``auto`` on CUDA): the compiled decode step, compiled here, in the start-up."""
+        opt, ctx = getattr(self.options, "decode", None), self.ctx
+        mode = opt.mode if opt is not None else "auto"
+        if mode == "eager" or (mode == "auto" and torch.device(self.device).type != "cuda"):
+            return None
+        if torch.device(self.device).type != "cuda":
+            raise ConfigError(f"decode: static compiles the decode step for CUDA; this rollout runs on {self.device}",
+                              where=f"nodes.{ctx.name}.decode", fix="use decode: auto or eager, or give the pool gpus")
+        B = -(-ctx.run.prompts // ctx.world) * ctx.run.samples_per_prompt
+        dec = StaticDecoder(self.model, B, self.options.max_new_tokens, self.tok.pad_token_id)
+        P = bucket(opt.prompt_len if opt is not None else 64)
+        print(f"{ctx.name}: compiling the decode step for B={B}, prompts up to {P} tokens + "
+              f"{self.options.max_new_tokens} new ...", flush=True)
+        s = dec.warm_up(P)
+        print(f"{ctx.name}: decode step compiled in {s:.1f} s", flush=True)
+        ctx.log(decode_compile_s=s)
+        return dec
 
     # -- weights -------------------------------------------------------------
     def load_weights(self, weights: Weights) -> None:
@@ -84,18 +113,22 @@ class Generate(Rollout):
             from peft import set_peft_model_state_dict
             set_peft_model_state_dict(self.model, dict(weights.tensors))      # peft wants a dict
         else:
-            self.model.load_state_dict(weights.tensors, strict=True)
+            copy_into(self.weight_targets("full"), weights.tensors, self._plans)   # in place: the CUDA graphs keep them
         if self.device != "cpu":
             torch.cuda.synchronize()
         self.version = weights.version
         self.ctx.log(load_weights_s=time.perf_counter() - t0)
 
     def weight_targets(self, payload: str):
-        """The model's own tensors: a transport that receives bucket by bucket (NCCL) writes into them."""
-        if payload == "lora":
-            from peft import get_peft_model_state_dict
-            return get_peft_model_state_dict(self.model)
-        return self.model.state_dict()
+        """The model's own tensors: a transport that receives bucket by bucket (NCCL) or from a CUDA IPC buffer
+        writes into them. Built once per payload (the same mapping every time: transports keep plans for it)."""
+        if payload not in self._targets:
+            if payload == "lora":
+                from peft import get_peft_model_state_dict
+                self._targets[payload] = get_peft_model_state_dict(self.model)
+            else:
+                self._targets[payload] = self.model.state_dict()
+        return self._targets[payload]
 
     def state_dict(self) -> dict:
         return {"version": self.version, "model": self.model.state_dict(), **self.carry_state()}
@@ -110,7 +143,8 @@ class Generate(Rollout):
     def continue_rows(self, rows: list[list[int]], budgets: list[int], *, seed: int, deadline: float | None = None,
                       final: list[bool] | None = None) -> list[tuple[list[int], list[float], bool]]:
         """Partial rollouts (:mod:`nodes.partial`): sample at most ``budgets[i]`` more tokens after each row
-        (a prompt and the tokens sampled so far), all rows in one batch; ``(tokens, logprobs, stopped)`` each."""
+        (a prompt and the tokens sampled so far), all rows in one batch; ``(tokens, logprobs, stopped)`` each.
+        Always eager ``generate`` (a per-row budget and a deadline stop rows mid-batch), also on CUDA."""
         tok, s = self.tok, self.options
         P = max(len(r) for r in rows)
         ids = torch.tensor([[tok.pad_token_id] * (P - len(r)) + r for r in rows])
@@ -142,22 +176,28 @@ class Generate(Rollout):
         ids = torch.tensor([[tok.pad_token_id] * (P - len(p)) + p for p in prompts]).repeat_interleave(n, 0)
         mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts]).repeat_interleave(n, 0)
         torch.manual_seed(seed)
-        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  do_sample=not greedy,
-                                  temperature=s.temperature if not greedy else None,
-                                  top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None,
-                                  max_new_tokens=C, eos_token_id=self.stops,
-                                  pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True,
-                                  stopping_criteria=[self.stopper])
-        comp = out.sequences[:, P:]
-        logits = torch.stack(out.logits, dim=1)                       # [B, c, V], c <= C
+        temp = max(s.temperature, 1e-6)
+        if self.decoder is not None:                                  # static cache, compiled step
+            comp, lp = self.decoder.decode([p for p in prompts for _ in range(n)], max_new_tokens=C, greedy=greedy,
+                                           temperature=s.temperature, top_p=s.top_p, stops=self.stops,
+                                           fault=lambda: self.ctx.fault("token"))
+        else:
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                      do_sample=not greedy,
+                                      temperature=s.temperature if not greedy else None,
+                                      top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None,
+                                      max_new_tokens=C, eos_token_id=self.stops,
+                                      pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True,
+                                      stopping_criteria=[self.stopper])
+            comp, lp = out.sequences[:, P:], None
+            logits = torch.stack(out.logits, dim=1)                   # [B, c, V], c <= C
         c = comp.shape[1]
         alive = torch.ones_like(comp, dtype=torch.float32)
         stop = torch.isin(comp, torch.tensor(self.stops, device=comp.device))
         ended = (stop.cumsum(1) - stop.long()) > 0                    # tokens after the first stop
         alive[ended] = 0.0
         comp = comp.masked_fill(ended, tok.pad_token_id)
-        lp = token_logprobs(logits, comp, max(s.temperature, 1e-6)) * alive
+        lp = (lp if lp is not None else token_logprobs(logits, comp, temp)) * alive
         comp, alive, lp = comp.cpu(), alive.cpu(), lp.cpu()           # the batch travels as host tensors
         pad = C - c
         comp = torch.nn.functional.pad(comp, (0, pad), value=tok.pad_token_id)

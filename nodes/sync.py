@@ -4,7 +4,9 @@ The full state dict, or the LoRA adapter tensors only (``payload: lora``),
 in the dtype the rollouts hold: bf16 from a mixed-precision trainer (its
 fp32 master weights cast on the way), else as they are. How they travel is
 the plan's choice (``plan.txt``: shm, cuda-ipc, nccl, host or channel); the
-engine's transport carries what :meth:`Sync.state` returns.
+engine's transport carries what :meth:`Sync.state` returns: the same mapping every time while the model's
+parameters are the same tensors (the optimizer writes them in place), so a transport that refills a
+persistent buffer (``cuda-ipc``) matches the names once.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ class Sync:
         self.ctx, self.options = ctx, ctx.options
         self.payload = ctx.options.payload
         self.policy = Policy.of(ctx)
+        self._tensors, self._of = None, None
 
     @torch.no_grad()
     def state(self) -> WeightsState:
         model = self.policy.model
-        if self.payload == "lora":
-            from peft import get_peft_model_state_dict
-            tensors = get_peft_model_state_dict(model)
-        else:
-            tensors = model.state_dict()
-        return WeightsState(tensors, self.payload, torch.bfloat16 if self.policy.autocast else None)
+        of = (id(model), tuple(p.data_ptr() for p in model.parameters()))
+        if self._of != of:                     # first export, or the parameters were replaced
+            if self.payload == "lora":
+                from peft import get_peft_model_state_dict
+                self._tensors = get_peft_model_state_dict(model)
+            else:
+                self._tensors = model.state_dict()
+            self._of = of
+        return WeightsState(self._tensors, self.payload, torch.bfloat16 if self.policy.autocast else None)

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, field_validator, model_serializer, model_validator
 
 from .spec_base import NAME, Backend, Name, Seconds, Strict  # noqa: F401 - the schema's building blocks
-from .spec_rollout import EnvSpec, PartialSpec  # noqa: F401 - what a generate node adds to one completion
+from .spec_rollout import DecodeSpec, EnvSpec, PartialSpec  # noqa: F401 - what a generate node adds to one completion
 
 
 # ---------------------------------------------------------------- experiment
@@ -173,6 +173,8 @@ class GenerateNode(NodeBase):
     """Backend ``vllm`` with LoRA weights: serve the adapter (a new ``LoRARequest`` per version), or
     merge it into the base weights on the rollout and reload those (``merged``: base-model speed,
     still only adapter bytes on the wire; vLLM's LoRA kernels are slow on CPU)."""
+    decode: DecodeSpec = DecodeSpec()
+    """Backend ``hf``: static KV cache and compiled decode step, or eager ``generate`` (``auto``: static on CUDA)."""
 
 
 class RewardNode(NodeBase):

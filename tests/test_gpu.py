@@ -107,4 +107,65 @@ def test_ray_places_both_pools_on_one_gpu_and_the_reward_rises(tmp_path):
     AutoModelForCausalLM.from_pretrained(tmp_path / "final")
 
 
+def test_static_decoding_compiles_once_at_start_and_samples_with_the_models_logprobs():
+    """The compiled step sees weights loaded in place, its logprobs are the model's (a teacher-forced forward of
+    the same tokens), and neither shorter prompts nor a greedy evaluation compile again."""
+    from nodes.losses import token_logprobs
+    spec = og.load(GPU_GRAPH, ["nodes.generate.max_new_tokens=24"])
+    gen, ctx = build_node(spec, "generate")
+    assert gen.decoder is not None and ctx.metrics["decode_compile_s"] > 0 and len(gen.decoder.compiles) == 1
+    halved = {k: v * 0.5 for k, v in gen.model.state_dict().items()}        # weights that change every answer
+    gen.load_weights(Weights(1, tensors=halved))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    batch = gen.generate(1, prompts(spec, 1), Weights(1))
+    gen.evaluate(prompts(spec, 2)[:5])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs and len(gen.decoder.compiles) == 1
+    ids, mask = batch.fields["input_ids"].cuda(), batch.fields["attention_mask"].cuda()
+    P = batch.meta["prompt_len"]
+    with torch.no_grad():
+        logits = gen.model(input_ids=ids, attention_mask=mask,
+                           position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits[:, P - 1:-1]
+    lp = token_logprobs(logits, ids[:, P:], spec.nodes["generate"].temperature).cpu()
+    m = batch.fields["response_mask"].bool()
+    gap = (lp[m] - batch.fields["logprob"][m]).abs()
+    assert m.sum() > 0 and gap.mean() < 0.02 and gap.max() < 0.25, (gap.mean(), gap.max())
+
+
+def test_cuda_ipc_receiver_keeps_each_buffer_open_and_copies_every_version_into_its_tensors():
+    import struct
+    from omnigraph.sdk import WeightsState
+    from omnigraph.transports.packed import KEEP, CudaIpc
+    code = r"""
+import pickle, struct, sys, torch
+from omnigraph.transports import pack
+from omnigraph.transports.packed import CudaIpc
+rx = CudaIpc("sync")
+dst = {"a": torch.zeros(1000, 1000, dtype=torch.bfloat16, device="cuda"), "b": torch.zeros(10, dtype=torch.long, device="cuda")}
+while len(head := sys.stdin.buffer.read(8)) == 8:
+    w = rx.arrive(pickle.loads(sys.stdin.buffer.read(struct.unpack("<Q", head)[0])), dst)
+    print(w.version, w.loaded, repr(float(dst["a"].float().sum())), int(dst["b"].sum()), len(pack._OPENED), flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    tx = CudaIpc("sync")
+    src = {"a": torch.randn(1000, 1000, device="cuda"), "b": torch.arange(10, device="cuda")}
+    try:
+        for v in range(1, 2 * KEEP + 2):
+            src["a"].add_(1.0)
+            w = tx.export(WeightsState(src, "full", torch.bfloat16), v)
+            blob = pickle.dumps(w)
+            assert len(blob) < 8192                   # handles, not 2 MB of weights
+            proc.stdin.write(struct.pack("<Q", len(blob)) + blob)
+            proc.stdin.flush()
+            line = proc.stdout.readline().decode().split()
+            assert line[:2] == [str(v), "True"], line
+            want = float(src["a"].to(torch.bfloat16).float().sum())
+            assert abs(float(line[2]) - want) <= 1e-5 * abs(want) and int(line[3]) == 45, (line, want)
+            assert int(line[4]) == min(v, KEEP)       # each of the sender's packs opened once, then kept
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        tx.close()
+
+
 # Two GPUs (whole cards per pool, weights over NCCL): tests/test_gpu_multi.py

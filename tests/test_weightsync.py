@@ -267,3 +267,96 @@ def test_a_run_uses_the_weights_path_its_plan_printed(tmp_path, executor):
     assert f"sync -> generate  by {path}" in printed and path == {"local": "channel", "ray": "shm"}[executor]
     used = {r["weights_path"] for r in res.metrics if "weights_path" in r}
     assert used == {path}
+
+
+class TestCudaIpcAtDeviceCopySpeed:
+    """The cuda-ipc path's logic on CPU tensors, in one process (tests/test_gpu.py crosses processes on CUDA)."""
+
+    def state(self, scale=1.0):
+        from omnigraph.sdk import WeightsState
+        w = torch.arange(12.0).reshape(3, 4) * scale
+        return WeightsState({"w": w, "tied": w, "b": torch.ones(5) * scale, "step": torch.tensor(3)}, "full",
+                            torch.bfloat16)
+
+    def test_a_pack_refills_in_place_only_with_what_it_was_packed_from(self):
+        from omnigraph.transports.pack import TensorPack
+        s = self.state()
+        pack = TensorPack.pack(s.tensors, dtype=torch.bfloat16)
+        buffers = {dt: b.data_ptr() for dt, b in pack.buffers.items()}
+        again = self.state(2.0).tensors
+        assert pack.refill(again, dtype=torch.bfloat16)
+        assert {dt: b.data_ptr() for dt, b in pack.buffers.items()} == buffers
+        assert torch.equal(pack["tied"], (torch.arange(12.0).reshape(3, 4) * 2).to(torch.bfloat16))
+        assert not pack.refill(again)                                           # another wire dtype
+        assert not pack.refill({**again, "tied": again["w"].clone()}, dtype=torch.bfloat16)   # no longer tied
+        assert not pack.refill({k: v for k, v in again.items() if k != "b"}, dtype=torch.bfloat16)
+        assert not pack.refill({**again, "b": torch.ones(6)}, dtype=torch.bfloat16)
+
+    def test_the_sender_refills_its_packs_in_turn_and_the_receiver_copies_into_the_model(self):
+        from omnigraph.transports.packed import KEEP, CudaIpc
+        tx = CudaIpc("sync")
+        try:
+            sent = [tx.export(self.state(v), v) for v in range(1, KEEP + 2)]
+            assert sent[0].tensors is sent[KEEP].tensors and len({id(w.tensors) for w in sent}) == KEEP
+            model = {"w": torch.zeros(3, 4, dtype=torch.bfloat16), "b": torch.zeros(5, dtype=torch.bfloat16),
+                     "step": torch.tensor(0)}
+            model["tied"] = model["w"]
+            got = tx.arrive(sent[-1], model)
+            assert got.loaded and got.tensors is None and got.version == KEEP + 1
+            assert torch.equal(model["tied"], (torch.arange(12.0).reshape(3, 4) * (KEEP + 1)).to(torch.bfloat16))
+            kept = tx.arrive(sent[-2], None)                    # kept for later (delay > 1): its own copy
+            assert not kept.loaded and kept.tensors is not sent[-2].tensors
+            assert all(kept.tensors.buffers[dt].data_ptr() != b.data_ptr() for dt, b in sent[-2].tensors.buffers.items())
+            assert torch.equal(kept.tensors["b"], torch.full((5,), float(KEEP), dtype=torch.bfloat16))
+        finally:
+            tx.close()
+
+    def test_a_receiver_refuses_weights_the_sender_has_overwritten(self):
+        from omnigraph.transports.packed import KEEP, CudaIpc
+        tx = CudaIpc("sync")
+        try:
+            first = tx.export(self.state(1), 1)
+            for v in range(2, KEEP + 2):
+                tx.export(self.state(v), v)
+            with pytest.raises(RuntimeError, match=rf"weights version 1 was overwritten by the sender before this "
+                                                   rf"receiver copied it \(its buffer now holds {KEEP + 1}\)"):
+                tx.arrive(first, None)
+        finally:
+            tx.close()
+
+    def test_checkpoints_hold_host_tensors_not_stamps(self):
+        from omnigraph.transports.base import portable
+        from omnigraph.transports.packed import CudaIpc
+        tx = CudaIpc("sync")
+        try:
+            w = tx.export(self.state(), 1)
+            with portable():
+                back = pickle.loads(pickle.dumps(w))
+            assert getattr(back.tensors, "stamp", None) is None and back.tensors.path == "host"
+        finally:
+            tx.close()
+
+
+def test_copy_into_names_what_does_not_match():
+    from omnigraph.sdk import ConfigError, copy_into
+    model = {"a": torch.zeros(2), "b": torch.zeros(3)}
+    with pytest.raises(ConfigError, match=r"the weights do not match the model: missing b; unexpected c"):
+        copy_into(model, {"a": torch.ones(2), "c": torch.ones(3)})
+    with pytest.raises(ConfigError, match=r"b is \(4,\) in the weights and \(3,\) in the model"):
+        copy_into(model, {"a": torch.ones(2), "b": torch.ones(4)})
+    plans = {}
+    src = {"a": torch.ones(2), "b": torch.arange(3.0)}
+    copy_into(model, src, plans)
+    copy_into(model, src, plans)
+    assert len(plans) == 1 and model["b"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_sync_hands_the_same_mapping_while_the_parameters_are_the_same():
+    from omnigraph.testing import build_node
+    s = og.load(GRAPHS / "grpo_one_step_off.yaml", ["schedule.iterations=2"])
+    sync, _ = build_node(s, "sync")
+    first = sync.state().tensors
+    assert sync.state().tensors is first
+    p = next(sync.policy.model.parameters())
+    p.data = p.data.clone()                            # replaced, not written in place
+    assert sync.state().tensors is not first

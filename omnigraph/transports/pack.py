@@ -5,10 +5,11 @@ are views of one flat buffer per dtype (tied weights are stored once). One
 buffer instead of hundreds of tensors makes the export one copy kernel per
 dtype and the transfer one message. How it pickles depends on its path:
 
-- ``cuda-ipc``: only a CUDA IPC handle (a few hundred bytes); the receiver
-  opens it and copies the buffer device to device into memory of its own at
-  once, so the sender's buffer is needed only until then. (Through Ray's
-  channel the tensor would otherwise go GPU -> host -> GPU at ~0.2 GB/s.)
+- ``cuda-ipc``: only a CUDA IPC handle (a few hundred bytes). The sender keeps a few persistent packs and
+  refills them in turn (:meth:`TensorPack.refill`, :class:`~omnigraph.transports.packed.CudaIpc`); a receiver
+  opens each sender buffer once and keeps it open (:func:`_open_ipc`), then copies from it straight into the
+  model's tensors when the weights arrive. (Through Ray's channel the tensor would otherwise go GPU -> host ->
+  GPU at ~0.2 GB/s.)
 - ``shm``: the buffer is a file in ``/dev/shm`` that the sender packs into
   directly; only its name is pickled, and the receiver maps the same pages
   (no copy until it loads them into its model). A dropped pack deletes its
@@ -71,7 +72,7 @@ class TensorPack(Mapping):
         seen: dict[tuple, str] = {}
         sources: list[tuple[str, Any, int]] = []
         for name, t in tensors.items():
-            key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+            key = _key(t)
             dt = str(dtype if dtype is not None and t.is_floating_point() else t.dtype).removeprefix("torch.")
             if key in seen and t.numel():                 # tied weights: one copy, two names
                 layout[name] = layout[seen[key]]
@@ -86,14 +87,41 @@ class TensorPack(Mapping):
             buffers = {dt: _shm_buffer(n, dt) for dt, n in sizes.items()}
         else:
             buffers = {dt: torch.empty(n, dtype=getattr(torch, dt), device=dev) for dt, n in sizes.items()}
-        with torch.no_grad():
-            for dt, t, off in sources:
-                buffers[dt][off:off + t.numel()].view(t.shape).copy_(t.detach())
         pack = cls(buffers, layout, path)
+        pack._sources = [(dt, n, off) for n, (dt, _, off) in layout.items()
+                         if seen.get(_key(tensors[n])) == n or not tensors[n].numel()]
+        pack._copy([tensors[n] for _, n, _ in pack._sources], [pack[n] for _, n, _ in pack._sources])
+        pack._dtype = dtype
         if path == "shm":
             pack.files = {dt: b.og_file for dt, b in buffers.items()}
             weakref.finalize(pack, unlink, list(pack.files.values()))
         return pack
+
+    def refill(self, tensors: Mapping[str, Any], *, dtype=None) -> bool:
+        """Copy ``tensors`` into this pack's buffers in place, if they are what it was packed from (the same
+        names, shapes, dtypes and tied names); False (nothing written) when they are not."""
+        sources = getattr(self, "_sources", None)
+        if sources is None or dtype != self._dtype or len(tensors) != len(self.layout) or any(
+                n not in self.layout for n in tensors):
+            return False
+        ptr = {n: _key(tensors[n]) for n in self.layout}
+        first = {}
+        for n, (dt, shape, off) in self.layout.items():
+            t = tensors[n]
+            want = str(dtype if dtype is not None and t.is_floating_point() else t.dtype).removeprefix("torch.")
+            if tuple(t.shape) != shape or want != dt:
+                return False
+            if t.numel() and first.setdefault((dt, off), ptr[n]) != ptr[n]:
+                return False                              # tied here, not there
+        self._copy([tensors[n] for _, n, _ in sources], [self[n] for _, n, _ in sources])
+        return True
+
+    @staticmethod
+    def _copy(src: list, dst: list) -> None:
+        """``dst[i].copy_(src[i])`` for all ``i``, casting: one multi-tensor copy (a few kernels on a GPU)."""
+        with torch.no_grad():
+            if dst:
+                torch._foreach_copy_(dst, [t.detach() for t in src])
 
     # -- the mapping ---------------------------------------------------------
     def __getitem__(self, name: str):
@@ -134,14 +162,24 @@ class TensorPack(Mapping):
             from torch.multiprocessing.reductions import reduce_tensor
             handles = {k: (device_uuid(b.device.index), reduce_tensor(b)) for k, b in self.buffers.items()}
             _SENT[id(self)] = self
-            return _open_ipc, (handles, self.layout, (os.getpid(), id(self)))
+            return _open_ipc, (handles, self.layout, (os.getpid(), id(self)), getattr(self, "stamp", None))
         return TensorPack, (self.buffers, self.layout, self.path)
 
 
-def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout, sender: tuple[int, int]) -> TensorPack:
-    """Receiver side of ``cuda-ipc``: open each handle and copy the buffer into memory of our own.
+def _key(t) -> tuple:
+    """Where a tensor's elements are: equal for tied names."""
+    return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
 
-    In the sending process itself (CUDA cannot open its own IPC handles) the pack is the original.
+
+def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout, sender: tuple[int, int],
+              stamp: tuple[str, int] | None = None) -> TensorPack:
+    """Receiver side of ``cuda-ipc``: the sender's buffers, opened once per sender pack and kept open.
+
+    The result *borrows* the sender's memory (``stamp``: where the sender says which version each of its buffers
+    holds); the transport's ``arrive`` copies out of it at once (:class:`~omnigraph.transports.packed.CudaIpc`).
+    A pack whose buffers are still the ones opened before is the same object as then (its views and the copy
+    plans made for it stay valid). In the sending process itself (CUDA cannot open its own IPC handles) the pack
+    is the original.
     """
     if sender[0] == os.getpid() and sender[1] in _SENT:
         return _SENT[sender[1]]
@@ -156,10 +194,22 @@ def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout, sender: tupl
         args = list(args)
         args[6] = index                  # storage_device: the same card under this process's numbering
         with torch.cuda.device(index):
-            shared = rebuild(*args)
-            buffers[dt] = shared.clone()
-        del shared
-    return TensorPack(buffers, layout, "cuda-ipc")
+            buffers[dt] = rebuild(*args)  # a buffer opened before (kept below) comes from torch's cache: no reopen
+    old = _OPENED.get(sender)
+    if old is not None and old.layout == layout and old.buffers.keys() == buffers.keys() and all(
+            old.buffers[dt].data_ptr() == b.data_ptr() and old.buffers[dt].numel() == b.numel()
+            for dt, b in buffers.items()):
+        pack = old
+    else:
+        pack = _OPENED[sender] = TensorPack(buffers, layout, "cuda-ipc")
+        while len(_OPENED) > OPEN_MAX:                # a sender that replaced its packs: close the oldest
+            _OPENED.pop(next(iter(_OPENED)))
+    pack.stamp = stamp
+    return pack
+
+
+_OPENED: dict[tuple[int, int], TensorPack] = {}      # (sender pid, sender pack) -> its opened buffers, kept open
+OPEN_MAX = 8                                         # senders' packs kept open (a sender refills KEEP = 3 in turn)
 
 
 _SHM_COUNT = [0]

@@ -7,17 +7,24 @@
 
 Senders keep their newest packs alive while a receiver may still be opening them: with two steps in
 flight, a receiver has opened every export older than the newest :data:`KEEP`.
+
+``cuda-ipc`` is built for device-copy speed (:class:`CudaIpc`): the sender refills :data:`KEEP` persistent
+packs in turn (one multi-tensor copy and cast per export), a receiver keeps each one's buffers open, and on
+arrival copies straight from them into the generator's own tensors (:func:`omnigraph.sdk.copy_into`).
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
+from typing import Any, Mapping
 
 import torch
 
-from ..sdk import Weights, WeightsState
+from ..sdk import Weights, WeightsState, copy_into
 from .base import Transport
 from .pack import TensorPack
+from .shmfiles import name, unlink
 
 KEEP = 3
 
@@ -49,7 +56,93 @@ class Shm(_Packed):
 
 
 class CudaIpc(_Packed):
+    """Weights between processes sharing one GPU, at device-copy speed.
+
+    Sender: export ``v`` refills pack ``v % KEEP`` in place (one ``_foreach_copy_``, casting to the wire dtype),
+    waits for the copy to finish, and hands over the pack, which pickles as its CUDA IPC handle. Receiver: the
+    handle of a pack it has seen opens from cache (:func:`~omnigraph.transports.pack._open_ipc`); on arrival
+    (the plan's apply task) it copies the buffer straight into the generator's tensors
+    (:meth:`~omnigraph.sdk.Generator.weight_targets`; the weights are then ``loaded``), or into memory of its
+    own when it keeps the weights for later (a delay > 1), and waits for that copy. So a pack must stay
+    unchanged only from its export until each receiver's arrival has copied it out.
+
+    Why :data:`KEEP` = 3 packs suffice: a rollout actor runs its ops in order, so the arrival of export ``i``
+    finishes before that actor's ``generate`` of iteration ``i + 1``; the trainer's export ``i + d + 1`` needs the
+    batch that ``generate`` made, ``d`` being the delay of the data edge into the trainer (0 in sync, 1
+    one-step-off, k with ``async: ahead: k``). So at most ``d + 1`` exports are unread at a time: 3 packs cover
+    ``d <= 2``. For more (or anything unforeseen), every pack carries a stamp in a host shared-memory file
+    (``/dev/shm``): the version it holds, -1 while being refilled. A receiver checks it before and after its
+    copy and raises if the sender has overwritten the version it is reading, instead of loading torn weights.
+    """
     name = path = "cuda-ipc"
+
+    def __init__(self, node, options=None):
+        super().__init__(node, options)
+        self.ring: list[TensorPack | None] = [None] * KEEP
+        self.exports = 0
+        self.stamps = None                      # the sender's stamp file, int64[KEEP]
+        self.stamps_path = ""
+        self.opened: dict[str, Any] = {}        # receiver: stamp files by path
+        self.plans: dict = {}                   # receiver: copy_into's matched lists
+
+    def export(self, state: WeightsState, version: int, fault=None) -> Weights:
+        slot = self.exports % KEEP
+        self.exports += 1
+        if self.stamps is None:
+            self.stamps_path = name("/dev/shm", os.environ.get("OMNIGRAPH_SHM_TAG", str(os.getpid())), os.getpid(),
+                                    id(self), "stamps")
+            self.stamps = torch.from_file(self.stamps_path, shared=True, size=KEEP, dtype=torch.int64)
+            self.stamps.fill_(-1)
+        self.stamps[slot] = -1                  # being refilled: a receiver still reading it must not trust it
+        pack = self.ring[slot]
+        if pack is None or not pack.refill(state.tensors, dtype=state.dtype):
+            pack = self.ring[slot] = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path)
+        if fault is not None:
+            fault("export")
+        if pack.device is not None and pack.device.type == "cuda":
+            torch.cuda.current_stream(pack.device).synchronize()
+        self.stamps[slot] = version
+        pack.stamp = (self.stamps_path, slot)
+        return Weights(version, tensors=pack, payload=state.payload, nbytes=pack.nbytes, path=self.name)
+
+    def arrive(self, weights: Weights, targets: Mapping[str, Any] | None = None) -> Weights:
+        pack = weights.tensors
+        stamp = getattr(pack, "stamp", None)
+        if not isinstance(pack, TensorPack) or stamp is None:
+            return weights                      # not a borrowed buffer (a checkpoint's host copy, ...)
+        self._check(stamp, weights.version, "before")
+        if targets is not None:
+            copy_into(targets, pack, self.plans)
+            out = Weights(weights.version, payload=weights.payload, nbytes=weights.nbytes, path=weights.path,
+                          loaded=True)
+        else:
+            own = TensorPack({dt: b.clone() for dt, b in pack.buffers.items()}, pack.layout, pack.path)
+            out = Weights(weights.version, tensors=own, payload=weights.payload, nbytes=weights.nbytes,
+                          path=weights.path)
+        if pack.device is not None and pack.device.type == "cuda":
+            torch.cuda.current_stream(pack.device).synchronize()
+        self._check(stamp, weights.version, "while")
+        return out
+
+    def _check(self, stamp: tuple[str, int], version: int, when: str) -> None:
+        path, slot = stamp
+        if path not in self.opened:
+            if not os.path.exists(path):
+                raise RuntimeError(f"the weights' stamp file {path} is gone: the sender of version {version} "
+                                   "stopped before this receiver read it")
+            self.opened[path] = torch.from_file(path, shared=True, size=KEEP, dtype=torch.int64)
+        held = int(self.opened[path][slot])
+        if held != version:
+            raise RuntimeError(f"weights version {version} was overwritten by the sender {when} this receiver copied "
+                               f"it (its buffer now holds {held if held >= 0 else 'a version being written'}): more "
+                               f"than {KEEP} exports were in flight; the cuda-ipc path keeps {KEEP} "
+                               "(transports/packed.py: KEEP)")
+
+    def close(self) -> None:
+        super().close()
+        self.ring = [None] * KEEP
+        if self.stamps_path:
+            unlink([self.stamps_path])
 
 
 class Host(_Packed):
