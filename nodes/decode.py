@@ -77,7 +77,10 @@ def pick(logits: torch.Tensor, greedy: bool, temperature: float, top_p: float) -
     if top_p < 1.0:
         from transformers import TopPLogitsWarper
         scores = TopPLogitsWarper(top_p)(None, scores)
-    return torch.multinomial(torch.softmax(scores, -1), 1)[:, 0]
+    probs = torch.softmax(scores, -1)
+    # torch.multinomial(probs, 1)'s own fast path (the same draw from the same generator state), without its
+    # check of the probabilities, which waits for the GPU at every token
+    return (probs / torch.empty_like(probs).exponential_(1)).argmax(-1)
 
 
 class StaticDecoder:
