@@ -26,10 +26,11 @@ How it matches the transformers backend:
 
 New weights are loaded in place, without restarting the engine:
 
-- ``full``: the tensors go to :class:`WeightLoader` (a vLLM worker
-  extension) that reloads them with ``reload_weights`` and re-ties the
-  output head to the embeddings for tied models; then the prefix cache is
-  reset (cached prompt blocks hold keys/values of the old weights). With
+- ``full``: the tensors go to :class:`nodes.vllm_weights.WeightLoader` (a
+  vLLM worker extension) that writes them into the engine's parameters in
+  place and repacks its linear layers (the first load goes through vLLM's
+  ``reload_weights``) and re-ties the output head to the embeddings for tied
+  models; then the prefix cache is reset (cached prompt blocks hold keys/values of the old weights). With
   the in-process engine (the default) the tensors are handed over as they
   are; with an engine process they travel as one safetensors file in
   ``/dev/shm`` and only its path crosses the process boundary.
@@ -39,22 +40,20 @@ New weights are loaded in place, without restarting the engine:
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import torch
-from safetensors.torch import load, load_file, save_file
+from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from omnigraph.sdk import NodeContext, Weights
 
 from nodes import models
 from nodes.rollout import Rollout
+from nodes.vllm_weights import shm_dir, write_safetensors
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``max_lora_rank``."""
@@ -132,72 +131,6 @@ def lora_rank(r: int) -> int:
     raise ValueError(f"LoRA rank {r} is above vLLM's largest max_lora_rank {VLLM_RANKS[-1]}")
 
 
-def shm_dir() -> Path:
-    """A RAM-backed folder for weight hand-overs: ``/dev/shm`` where there is one."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    d = base / f"omnigraph-vllm-{os.getpid()}"
-    if not d.exists():
-        d.mkdir(parents=True)
-        atexit.register(shutil.rmtree, d, True)     # RAM: never leave it behind
-    return d
-
-
-def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> int:
-    """Write ``tensors`` as one safetensors file (atomically); returns its size in bytes.
-
-    ``save_file`` writes straight to the file: into ``/dev/shm`` as fast as a memcpy
-    (2.6 GB/s here), where ``save`` (to bytes) and then writing took 4.5x as long."""
-    tmp = path.with_suffix(".tmp")
-    seen, out = set(), {}
-    for k, v in tensors.items():            # a tied weight once (the loader re-ties the head)
-        key = (v.data_ptr(), tuple(v.shape))
-        if key not in seen:
-            seen.add(key)
-            out[k] = v.detach().contiguous()
-    save_file(out, str(tmp))
-    os.replace(tmp, path)
-    return path.stat().st_size
-
-
-# ---------------------------------------------------------------- worker side
-
-
-class WeightLoader:
-    """vLLM worker extension (``LLM(worker_extension_cls="nodes.vllm_backend.WeightLoader")``).
-
-    Its methods become methods of each vLLM worker and are called with ``llm.collective_rpc``.
-    """
-
-    def omnigraph_load_weights(self, source) -> dict:
-        """Load a full set of weights in place from a safetensors file path, safetensors bytes,
-        or (in-process engine only) a dict of tensors; returns timings.
-
-        Loading into the model with its ``load_weights`` does not work on CPU (linear weights
-        are repacked for oneDNN after loading, leaving ``layer.weight`` empty); vLLM's
-        ``reload_weights`` redoes that processing. It replaces the embedding's parameter, which
-        unties a tied output head: tie it again and let the head process its weight."""
-        t0 = time.perf_counter()
-        if isinstance(source, (str, os.PathLike)):
-            tensors = load_file(str(source))
-        elif isinstance(source, (bytes, bytearray, memoryview)):
-            tensors = load(bytes(source))
-        else:
-            tensors = source
-        t1 = time.perf_counter()
-        self.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
-        model = self.model_runner.get_model()
-        config = self.vllm_config.model_config.hf_text_config
-        if getattr(config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
-            head = getattr(model.lm_head, "base_layer", model.lm_head)
-            embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else \
-                model.model.embed_tokens
-            embed = getattr(embed, "base_layer", embed)
-            head.weight = embed.weight
-            head.quant_method.process_weights_after_loading(head)
-        return {"decode_s": t1 - t0, "reload_s": time.perf_counter() - t1}
-
-
 # ---------------------------------------------------------------- the node
 
 
@@ -225,7 +158,7 @@ class VllmGenerate(Rollout):
         from vllm import LLM
         t0 = time.perf_counter()
         kwargs = dict(model=str(self.path), dtype=self.dtype, enforce_eager=True, seed=ctx.seed,
-                      worker_extension_cls="nodes.vllm_backend.WeightLoader",
+                      worker_extension_cls="nodes.vllm_weights.WeightLoader",
                       logprobs_mode="processed_logprobs", disable_log_stats=True,
                       enable_chunked_prefill=False,    # see the note on seeds in sample()
                       enable_prefix_caching=True)      # a multi-turn episode's next turn reuses its prefix
@@ -261,15 +194,17 @@ class VllmGenerate(Rollout):
             tensors = merge_lora_state(tensors, self.lora)
             self.lora_request = None
         if self.in_process:
-            self.llm.collective_rpc("omnigraph_load_weights", args=(tensors,))
+            done = self.llm.collective_rpc("omnigraph_load_weights", args=(tensors,))
         else:
             self._shm = self._shm or shm_dir()
             path = self._shm / "weights.safetensors"
             write_safetensors(tensors, path)
             try:
-                self.llm.collective_rpc("omnigraph_load_weights", args=(str(path),))
+                done = self.llm.collective_rpc("omnigraph_load_weights", args=(str(path),))
             finally:
                 path.unlink(missing_ok=True)
+        self.ctx.log(weights_in_place=float(all(d["how"] == "in place" for d in done)),
+                     engine_load_s=max(d["load_s"] for d in done))
         self.llm.reset_prefix_cache()
 
     def _merge(self, adapter: dict) -> dict:

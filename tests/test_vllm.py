@@ -116,12 +116,14 @@ def test_full_weight_update_matches_transformers():
         w = export(spec, sync, 1)
         gen.load_weights(w)
         assert gen.version == 1
+        assert gen.ctx.metrics["weights_in_place"] == 0.0       # the first load goes through reload_weights
         after = check_against_trainer(gen, pol, 0.7)
         # the update changed what the engine computes (same seed, same prompts)
         assert not torch.equal(before["logprob"], after["logprob"])
         # a second update: the prefix cache of the first must not be reused
         perturb(pol.model, 0.05)
         gen.load_weights(export(spec, sync, 2))
+        assert gen.ctx.metrics["weights_in_place"] == 1.0       # later ones write into the engine's parameters
         check_against_trainer(gen, pol, 0.7)
         # a payload without the tied head (as checkpoints of tied models are saved): the
         # head must follow the new embeddings
@@ -129,6 +131,7 @@ def test_full_weight_update_matches_transformers():
         w = export(spec, sync, 3)
         w.tensors = {k: v for k, v in w.tensors.items() if k != "lm_head.weight"}
         gen.load_weights(w)
+        assert gen.ctx.metrics["weights_in_place"] == 1.0
         check_against_trainer(gen, pol, 0.7)
     finally:
         shutdown(gen)

@@ -360,3 +360,45 @@ def test_sync_hands_the_same_mapping_while_the_parameters_are_the_same():
     p = next(sync.policy.model.parameters())
     p.data = p.data.clone()                            # replaced, not written in place
     assert sync.state().tensors is not first
+
+
+RECEIVER = """
+import pickle, sys, torch
+pack = pickle.loads(sys.stdin.buffer.read(int(sys.stdin.buffer.readline())))
+first = pack["w"].clone()
+print("mapped", flush=True)
+sys.stdin.buffer.readline()                   # the sender exported again meanwhile
+print("intact" if torch.equal(pack["w"], first) else "overwritten", float(first[0, 0]), flush=True)
+"""
+
+
+def test_shm_files_are_reused_only_when_no_receiver_maps_them():
+    """The sender refills the files of dropped packs (pages it has: memory speed), except one that another
+    process still maps: that receiver keeps reading the version it was sent. A receiver that comes for a file
+    after it was reused is told, never handed the newer weights."""
+    from omnigraph.transports.packed import KEEP, Shm
+    from omnigraph.sdk import WeightsState
+    state = {"w": torch.zeros(256, 1024), "b": torch.zeros(7)}
+    shm = Shm("sync")
+    try:
+        blobs = []
+        for v in range(KEEP + 1):
+            state["w"].fill_(v)
+            blobs.append(pickle.dumps(shm.export(WeightsState(state, "full"), v).tensors))
+        proc = subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=False, cwd=ROOT)
+        proc.stdin.write(b"%d\n" % len(blobs[-1]) + blobs[-1])
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == b"mapped"
+        for v in range(KEEP + 1, 3 * KEEP + 3):   # every kept file comes round again, the mapped one too
+            state["w"].fill_(v)
+            shm.export(WeightsState(state, "full"), v)
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        out, _ = proc.communicate(timeout=60)
+        assert out.split() == [b"intact", str(float(KEEP)).encode()], out
+        assert shm.pool.reused >= KEEP                # the others were reused
+        with pytest.raises(RuntimeError, match="already released"):
+            pickle.loads(blobs[0])                    # its file was reused since (renamed): not the newer weights
+    finally:
+        shm.close()

@@ -12,8 +12,9 @@ dtype and the transfer one message. How it pickles depends on its path:
   GPU at ~0.2 GB/s.)
 - ``shm``: the buffer is a file in ``/dev/shm`` that the sender packs into
   directly; only its name is pickled, and the receiver maps the same pages
-  (no copy until it loads them into its model). A dropped pack deletes its
-  files; a receiver that mapped them keeps its pages.
+  (no copy until it loads them into its model) under a shared lock. A dropped
+  pack deletes its files, or gives them back to the sender's pool
+  (:mod:`.shmpool`), which refills one only when no receiver maps it.
 - ``host``: the buffer itself, in host memory.
 
 Checkpoints must not hold IPC handles or file names: ``base.portable()`` makes
@@ -36,7 +37,8 @@ from typing import Any, Iterator
 import torch
 
 from .base import portable
-from .shmfiles import name, remove_orphans, unlink
+from .shmfiles import unlink
+from .shmpool import new_buffer, open_shared
 
 PATHS = ("cuda-ipc", "shm", "host")
 _SENT: "weakref.WeakValueDictionary[int, TensorPack]" = weakref.WeakValueDictionary()
@@ -65,8 +67,11 @@ class TensorPack(Mapping):
 
     # -- building ------------------------------------------------------------
     @classmethod
-    def pack(cls, tensors: Mapping[str, Any], *, dtype=None, device=None, path: str = "host") -> "TensorPack":
-        """Copy ``tensors`` (cast to ``dtype`` when given) into fresh flat buffers on ``device``."""
+    def pack(cls, tensors: Mapping[str, Any], *, dtype=None, device=None, path: str = "host",
+             pool=None) -> "TensorPack":
+        """Copy ``tensors`` (cast to ``dtype`` when given) into fresh flat buffers on ``device`` (``shm``: from
+        ``pool``, a :class:`~omnigraph.transports.shmpool.Pool`, when given: it gets the files back when the
+        pack is dropped)."""
         layout: dict[str, tuple[str, tuple[int, ...], int]] = {}
         sizes: dict[str, int] = {}
         seen: dict[tuple, str] = {}
@@ -84,7 +89,7 @@ class TensorPack(Mapping):
             sources.append((dt, t, off))
         dev = device if device is not None else (sources[0][1].device if sources else "cpu")
         if path == "shm":
-            buffers = {dt: _shm_buffer(n, dt) for dt, n in sizes.items()}
+            buffers = {dt: (pool.take if pool is not None else new_buffer)(n, dt) for dt, n in sizes.items()}
         else:
             buffers = {dt: torch.empty(n, dtype=getattr(torch, dt), device=dev) for dt, n in sizes.items()}
         pack = cls(buffers, layout, path)
@@ -94,7 +99,10 @@ class TensorPack(Mapping):
         pack._dtype = dtype
         if path == "shm":
             pack.files = {dt: b.og_file for dt, b in buffers.items()}
-            weakref.finalize(pack, unlink, list(pack.files.values()))
+            if pool is not None:
+                weakref.finalize(pack, pool.give_back, list(buffers.values()))
+            else:
+                weakref.finalize(pack, unlink, list(pack.files.values()))
         return pack
 
     def refill(self, tensors: Mapping[str, Any], *, dtype=None) -> bool:
@@ -219,32 +227,10 @@ _OPENED: dict[tuple[int, int], TensorPack] = {}      # (sender pid, sender pack)
 OPEN_MAX = 8                                         # senders' packs kept open (a sender refills KEEP = 3 in turn)
 
 
-_SHM_COUNT = [0]
-
-
-def _shm_buffer(n: int, dt: str):
-    """A flat tensor of ``n`` elements backed by a new file in ``/dev/shm`` (``og_file``: its path)."""
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    if folder is None:
-        raise RuntimeError("the shm weights path needs a writable /dev/shm")
-    if _SHM_COUNT[0] == 0:
-        remove_orphans(folder)
-    _SHM_COUNT[0] += 1
-    path = name(folder, os.environ.get("OMNIGRAPH_SHM_TAG", str(os.getpid())), os.getpid(), _SHM_COUNT[0], dt)
-    t = torch.from_file(path, shared=True, size=max(n, 1), dtype=getattr(torch, dt))[:n]
-    t.og_file = path
-    return t
-
-
 def _open_shm(files: dict[str, tuple[str, int]], layout) -> TensorPack:
-    """Receiver side of ``shm``: map the sender's files (same host), no copy."""
-    buffers = {}
-    for dt, (path, n) in files.items():
-        if not os.path.exists(path):
-            raise RuntimeError(f"weights were sent as the shared-memory file {path}, which is not on this host "
-                               "or was already released; the shm path needs trainer and rollout on one host")
-        buffers[dt] = torch.from_file(path, shared=True, size=max(n, 1), dtype=getattr(torch, dt))[:n]
-    return TensorPack(buffers, layout, "shm")
+    """Receiver side of ``shm``: map the sender's files (same host), no copy; each under a shared lock while it is
+    mapped, so that the sender does not reuse it (:mod:`.shmpool`)."""
+    return TensorPack({dt: open_shared(path, n, dt) for dt, (path, n) in files.items()}, layout, "shm")
 
 
 def _local_index(uuid: str | None) -> int | None:

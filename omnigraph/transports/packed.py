@@ -24,6 +24,7 @@ import torch
 from ..sdk import Weights, WeightsState, copy_into
 from .base import Transport
 from .pack import TensorPack
+from .shmpool import Pool
 from .shmfiles import name, unlink
 
 KEEP = 3
@@ -52,7 +53,24 @@ class _Packed(Transport):
 
 
 class Shm(_Packed):
+    """``/dev/shm`` files, reused once no receiver maps them (:mod:`.shmpool`): an export writes into pages
+    written before, at memory speed."""
     name = path = "shm"
+
+    def __init__(self, node, options=None):
+        super().__init__(node, options)
+        self.pool = Pool()
+
+    def export(self, state: WeightsState, version: int, fault=None) -> Weights:
+        pack = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path, pool=self.pool)
+        if fault is not None:
+            fault("export")               # packed, not handed over yet
+        self.kept.append(pack)
+        return Weights(version, tensors=pack, payload=state.payload, nbytes=pack.nbytes, path=self.name)
+
+    def close(self) -> None:
+        super().close()
+        self.pool.close()
 
 
 class CudaIpc(_Packed):
