@@ -102,8 +102,10 @@ class Generate(Rollout):
 
     # -- weights -------------------------------------------------------------
     def load_weights(self, weights: Weights) -> None:
-        if weights.loaded:                                  # written into the model by the transport (NCCL)
+        if weights.loaded:                                  # written into the model by the transport on arrival
             self.version = weights.version
+            if weights.arrive_s:
+                self.ctx.log(load_weights_s=weights.arrive_s)      # the copy, done then (cuda-ipc)
             return
         if weights.tensors is None:
             raise ValueError(f"weights of version {weights.version} arrived without tensors: the hf backend "

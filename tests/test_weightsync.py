@@ -302,7 +302,7 @@ class TestCudaIpcAtDeviceCopySpeed:
                      "step": torch.tensor(0)}
             model["tied"] = model["w"]
             got = tx.arrive(sent[-1], model)
-            assert got.loaded and got.tensors is None and got.version == KEEP + 1
+            assert got.loaded and got.tensors is None and got.version == KEEP + 1 and got.arrive_s > 0
             assert torch.equal(model["tied"], (torch.arange(12.0).reshape(3, 4) * (KEEP + 1)).to(torch.bfloat16))
             kept = tx.arrive(sent[-2], None)                    # kept for later (delay > 1): its own copy
             assert not kept.loaded and kept.tensors is not sent[-2].tensors

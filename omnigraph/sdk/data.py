@@ -180,6 +180,8 @@ class Weights:
     path: str = ""
     """The transport that carried them (``shm``, ``nccl``, ...; see ``plan.txt``)."""
     loaded: bool = False
+    arrive_s: float = 0.0
+    """Seconds the transport took on the receiver to write ``loaded`` weights into its tensors (``cuda-ipc``)."""
 
     def __repr__(self) -> str:
         n = len(self.tensors) if self.tensors is not None else 0

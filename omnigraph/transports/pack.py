@@ -30,6 +30,7 @@ every pack pickle as host memory while it is active.
 from __future__ import annotations
 
 import os
+import pickle
 import weakref
 from collections.abc import Mapping
 from typing import Any, Iterator
@@ -177,7 +178,9 @@ class TensorPack(Mapping):
             from torch.multiprocessing.reductions import reduce_tensor
             handles = {k: (device_uuid(b.device.index), reduce_tensor(b)) for k, b in self.buffers.items()}
             _SENT[id(self)] = self
-            return _open_ipc, (handles, self.layout, (os.getpid(), id(self)), getattr(self, "stamp", None))
+            if getattr(self, "_layout_blob", None) is None:     # pickled once: a receiver compares the bytes
+                self._layout_blob = pickle.dumps(self.layout, protocol=pickle.HIGHEST_PROTOCOL)
+            return _open_ipc, (handles, self._layout_blob, (os.getpid(), id(self)), getattr(self, "stamp", None))
         return TensorPack, (self.buffers, self.layout, self.path)
 
 
@@ -186,7 +189,7 @@ def _key(t) -> tuple:
     return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
 
 
-def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout, sender: tuple[int, int],
+def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout: bytes | dict, sender: tuple[int, int],
               stamp: tuple[str, int] | None = None) -> TensorPack:
     """Receiver side of ``cuda-ipc``: the sender's buffers, opened once per sender pack and kept open.
 
@@ -211,12 +214,18 @@ def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout, sender: tupl
         with torch.cuda.device(index):
             buffers[dt] = rebuild(*args)  # a buffer opened before (kept below) comes from torch's cache: no reopen
     old = _OPENED.get(sender)
-    if old is not None and old.layout == layout and old.buffers.keys() == buffers.keys() and all(
-            old.buffers[dt].data_ptr() == b.data_ptr() and old.buffers[dt].numel() == b.numel()
-            for dt, b in buffers.items()):
+    blob = layout if isinstance(layout, bytes) else None
+    if old is not None and blob is not None and getattr(old, "_layout_blob", None) == blob:
+        layout = old.layout                           # the same bytes as last time: no unpickling
+    elif blob is not None:
+        layout = pickle.loads(blob)
+    same = old is not None and (old.layout is layout or old.layout == layout) and old.buffers.keys() == buffers.keys()
+    if same and all(old.buffers[dt].data_ptr() == b.data_ptr() and old.buffers[dt].numel() == b.numel()
+                    for dt, b in buffers.items()):
         pack = old
     else:
         pack = _OPENED[sender] = TensorPack(buffers, layout, "cuda-ipc")
+        pack._layout_blob = blob
         while len(_OPENED) > OPEN_MAX:                # a sender that replaced its packs: close the oldest
             _OPENED.pop(next(iter(_OPENED)))
     pack.stamp = stamp

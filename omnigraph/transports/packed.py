@@ -16,6 +16,7 @@ arrival copies straight from them into the generator's own tensors (:func:`omnig
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from typing import Any, Mapping
 
@@ -128,6 +129,7 @@ class CudaIpc(_Packed):
         stamp = getattr(pack, "stamp", None)
         if not isinstance(pack, TensorPack) or stamp is None:
             return weights                      # not a borrowed buffer (a checkpoint's host copy, ...)
+        t0 = time.perf_counter()
         self._check(stamp, weights.version, "before")
         if targets is not None:
             copy_into(targets, pack, self.plans)
@@ -140,6 +142,7 @@ class CudaIpc(_Packed):
         if pack.device is not None and pack.device.type == "cuda":
             torch.cuda.current_stream(pack.device).synchronize()
         self._check(stamp, weights.version, "while")
+        out.arrive_s = time.perf_counter() - t0
         return out
 
     def _check(self, stamp: tuple[str, int], version: int, when: str) -> None:
