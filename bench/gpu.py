@@ -248,21 +248,23 @@ def micro(name: str, path: Path, origin: str, args) -> dict:
     for v in range(1, KEEP + reps + 1):              # the first KEEP fill the sender's packs and open them: warm-up
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        w = tx.export(sync.state(), v)
+        state = sync.state()
+        ts = time.perf_counter()
+        w = tx.export(state, v)
         t1 = time.perf_counter()
         blob = pickle.dumps(w)
         rx.stdin.write(struct.pack("<Q", len(blob)) + blob)
         rx.stdin.flush()
         t_open, t_copy, t_load, how = _read(rx, lambda w: len(w) == 4 and w[3] in ("cuda-ipc", "shm", "host"))
         t2 = time.perf_counter()
-        rows.append({"export": t1 - t0, "open": float(t_open), "copy": float(t_copy), "load": float(t_load),
+        rows.append({"export": t1 - t0, "state": ts - t0, "open": float(t_open), "copy": float(t_copy), "load": float(t_load),
                      "total": t2 - t0, "handle_bytes": len(blob), "path": how})
     rx.stdin.close()
     sent = float(sum(b.double().sum() for b in w.tensors.buffers.values()))
     got = float(_read(rx, lambda w: len(w) == 2 and w[0] == "sum")[1])
     rx.wait(timeout=60)
     nbytes = w.nbytes
-    parts = ("export", "open", "copy", "load", "total")
+    parts = ("export", "state", "open", "copy", "load", "total")
     med = {k: statistics.median(r[k] for r in rows[KEEP:]) for k in parts}
     flat = next(iter(w.tensors.buffers.values()))
     d2d = cuda_time(lambda: flat.clone(), reps)
