@@ -331,7 +331,9 @@ def runtime(path: Path, iterations: int, quick: bool) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode, graph in (("sync", ROOT / "graphs" / "grpo_sync.yaml"), ("one_step_off", GPU_GRAPH)):
-            plan = og.compile(spec_for(path, common, graph))
+            split = ["pools.rollout={actors: 1, cpus: 1, gpus: 0}", "nodes.generate.pool=rollout",
+                     "nodes.reward.pool=rollout", "pools.trainer.cpus=1"] if mode == "sync" else []
+            plan = og.compile(spec_for(path, split + common, graph))  # the shipped sync graph is one pool
             res = run(plan, run_dir=tmp, executor="ray", progress=False)
             rows = steady(res.metrics, plan.fill)
             med = lambda key: statistics.median([r[key] for r in rows if key in r] or [float("nan")])  # noqa: E731

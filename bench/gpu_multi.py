@@ -194,6 +194,11 @@ def model_folder(name: str) -> Path:
     return one_gpu.build(key, folder)[0]
 
 
+SPLIT = ["pools.rollout={actors: 1, cpus: 1, gpus: 0}", "nodes.generate.pool=rollout", "nodes.reward.pool=rollout",
+         "pools.trainer.cpus=1"]
+"""graphs/grpo_sync.yaml on two pools (shipped as one: on CPUs, sync on two pools leaves one idle)."""
+
+
 def runtime(model: str, iterations: int, args) -> dict:
     import omnigraph as og
     from omnigraph.executors import for_executor
@@ -212,7 +217,9 @@ def runtime(model: str, iterations: int, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for layout, gpus in layouts.items():
             for mode, graph in graphs.items():
-                plan = og.compile(og.load(graph, common + [f"pools.rollout.gpus={gpus}", f"pools.trainer.gpus={gpus}"]))
+                split = SPLIT if mode == "sync" else []      # the shipped sync graph is one pool
+                plan = og.compile(og.load(graph, common + split + [f"pools.rollout.gpus={gpus}",
+                                                                    f"pools.trainer.gpus={gpus}"]))
                 t0 = time.perf_counter()
                 fallback = None
                 try:

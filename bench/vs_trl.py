@@ -18,17 +18,19 @@ disk) on the ``digits`` task with the same settings:
 Runs, one after another (``ray`` executor, Ray Compiled Graphs, for every omnigraph row):
 
 1. TRL, one process, ``THREADS`` (2) torch threads, pinned to the same cores as row 2;
-2. omnigraph sync, **colocated**: ``graphs/grpo_sync.yaml`` with every node on one actor of
-   ``THREADS`` CPUs (``THREADS`` torch threads, pinned): the same cores and threads as TRL,
+2. omnigraph sync, **colocated**: ``graphs/grpo_sync.yaml`` as shipped, every node on one actor
+   of ``THREADS`` CPUs (``THREADS`` torch threads, pinned): the same cores and threads as TRL,
    generation and training taking turns on both, on-policy;
-3. omnigraph sync on two 1-CPU pools (``graphs/grpo_sync.yaml`` as shipped: one thread each,
-   taking turns, so one core is idle at any time), on-policy;
+3. omnigraph sync on two 1-CPU pools (the same graph split, :data:`SPLIT`: one thread each,
+   taking turns, so one core is idle at any time; ``omnigraph check`` warns about it), on-policy;
 4. omnigraph one-step-off on two 1-CPU pools (``graphs/grpo_one_step_off.yaml``): generation
    of batch i overlaps the update on batch i-1; trains on samples one version stale.
 
 Figures: ``speedup_sync`` (the headline) = TRL s/step / row 2's s/step: same cores, same threads,
-both on-policy. ``speedup_best`` = TRL s/step / the fastest omnigraph row, named by ``best_layout``
-(a different layout, and for one-step-off a different algorithm: one version off-policy).
+both on-policy. ``speedup`` (= ``speedup_best``) = TRL s/step / the fastest omnigraph row, named by
+``best_layout`` (a different layout, and for one-step-off a different algorithm: one version off-policy).
+``omnigraph_startup_s``: the longest of the omnigraph rows' start-up (``run`` called to step 1 begun:
+Ray, the actors, their imports and models, the compiled graph), against ``trl_startup_s``.
 
 s/step is steady state: the median wall time between consecutive finished steps,
 without start-up (model loading, Ray and actor start): omnigraph's rows' ``step_s``
@@ -218,11 +220,15 @@ def run_trl(steps: int, workdir: str) -> dict:
 
 # -- omnigraph ---------------------------------------------------------------
 
+SPLIT = ["pools.rollout={actors: 1, cpus: 1, gpus: 0}", "nodes.generate.pool=rollout", "nodes.reward.pool=rollout",
+         "pools.trainer.cpus=1"]
+"""The shipped sync graph (one pool) on two 1-CPU pools: the layout ``omnigraph check`` warns about."""
+
 LAYOUTS = {
-    # key: (graph, colocated, label)
-    "colocated_sync": ("grpo_sync.yaml", True, f"sync, 1 actor x {THREADS} CPUs"),
-    "sync": ("grpo_sync.yaml", False, "sync, 2 pools x 1 CPU"),
-    "one_step_off": ("grpo_one_step_off.yaml", False, "one-step-off, 2 pools x 1 CPU"),
+    # key: (graph, overrides, label)
+    "colocated_sync": ("grpo_sync.yaml", [f"pools.trainer.cpus={THREADS}"], f"sync, 1 actor x {THREADS} CPUs"),
+    "sync": ("grpo_sync.yaml", SPLIT, "sync, 2 pools x 1 CPU"),
+    "one_step_off": ("grpo_one_step_off.yaml", [], "one-step-off, 2 pools x 1 CPU"),
 }
 
 
@@ -230,7 +236,7 @@ def run_omnigraph(key: str, steps: int, workdir: str) -> dict:
     import omnigraph as og
     from omnigraph.runtime import run
 
-    graph, colocated, label = LAYOUTS[key]
+    graph, layout, label = LAYOUTS[key]
     overrides = [f"schedule.iterations={steps}", "nodes.generate.eval_every=0", "checkpoint.every=null",
                  f"task.prompts={PROMPTS}", f"task.samples_per_prompt={SAMPLES}", f"task.seed={SEED}",
                  f"model.seed={SEED}", f"nodes.update.lr={LR}", f"nodes.update.clip={CLIP}",
@@ -238,11 +244,7 @@ def run_omnigraph(key: str, steps: int, workdir: str) -> dict:
                  f"nodes.update.micro_batch_size={MICRO}", f"nodes.old_logprob.micro_batch_size={MICRO}",
                  f"nodes.generate.max_new_tokens={MAX_NEW_TOKENS}", "nodes.generate.temperature=1.0",
                  "nodes.generate.top_p=1.0", "runtime.executor=ray", "runtime.pin_cpus=true"]
-    if colocated:             # every node on the trainer's actor, which gets THREADS cores (and threads)
-        overrides += ["nodes.generate.pool=trainer", "nodes.reward.pool=trainer", f"pools.trainer.cpus={THREADS}"]
-    spec = og.load(ROOT / "graphs" / graph, overrides)
-    if colocated:
-        del spec.pools["rollout"]
+    spec = og.load(ROOT / "graphs" / graph, layout + overrides)
     plan = og.compile(spec)
     t0 = time.perf_counter()
     res = run(plan, run_dir=os.path.join(workdir, "omnigraph"), executor="ray", progress=False)
@@ -340,7 +342,8 @@ def main() -> int:
           f"{os.cpu_count()} cores: another process's load slows a 2-thread run the most (compare runs on a quiet "
           "machine only)")
     print(f"speedup_sync (same cores and threads, both on-policy): x{fmt(speedup_sync, '.2f')}; "
-          f"speedup_best ({best['name'] if best else '-'}): x{fmt(speedup_best, '.2f')}")
+          f"speedup_best ({best['name'] if best else '-'}): x{fmt(speedup_best, '.2f')}; start-up: omnigraph up to "
+          f"{fmt(max((r['startup_s'] or 0) for r in og_r.values()), '.1f')} s, TRL {fmt(trl_r['startup_s'], '.1f')} s")
 
     def r4(x):
         return None if x is None else round(x, 4)
@@ -350,6 +353,9 @@ def main() -> int:
         "speedup_sync_what": f"TRL s/step / omnigraph sync s/step, both on-policy, the same {THREADS} cores and "
                              f"{THREADS} torch threads (omnigraph: every node on one {THREADS}-CPU actor)",
         "speedup_best": r4(speedup_best),
+        "speedup": r4(speedup_best),
+        "omnigraph_startup_s": max((r["startup_s"] for r in og_r.values() if r["startup_s"] is not None),
+                                   default=None),
         "best_layout": best["name"].removeprefix("omnigraph ") if best else None,
         "best_layout_key": best["key"] if best else None,
         "best_layout_on_policy": best["on_policy"] if best else None,

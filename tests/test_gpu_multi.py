@@ -72,7 +72,8 @@ def test_one_step_off_1_plus_1_over_nccl(executor):
 
 def test_sync_mode_with_lora_over_nccl_on_ray_tasks():
     plan = og.compile(GRAPHS / "grpo_sync.yaml", overrides=[
-        "schedule.iterations=4", "checkpoint.every=null", "pools.trainer.gpus=1", "pools.rollout.gpus=1",
+        "schedule.iterations=4", "checkpoint.every=null", "pools.trainer.gpus=1",
+        "pools.rollout={actors: 1, cpus: 1, gpus: 1}", "nodes.generate.pool=rollout", "nodes.reward.pool=rollout",
         "model.dtype=bfloat16", "nodes.update.lora={r: 4, alpha: 8}", "nodes.sync.payload=lora",
         "nodes.sync.bucket_mb=0.01"])                         # tiny buckets: many per sync
     records, states = _run(plan, "ray-tasks")

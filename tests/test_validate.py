@@ -104,3 +104,17 @@ def test_float16_training_is_refused_with_the_fix():
         og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["model.dtype=float16"])
     assert e.value.where == "model.dtype" and "gradient scaler" in str(e.value) and "bfloat16" in e.value.fix
     og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["nodes.generate.dtype=float16"])   # rollouts alone: fine
+
+
+SPLIT = ["pools.rollout={actors: 1, cpus: 1, gpus: 0}", "nodes.generate.pool=rollout", "nodes.reward.pool=rollout",
+         "pools.trainer.cpus=1"]
+
+
+def test_a_schedule_that_runs_its_pools_one_at_a_time_is_warned_about():
+    """sync on two pools: each pool waits while the other works (predicted step = the sum); the shipped sync graph
+    is one pool, and one-step-off on two pools overlaps them: no warning."""
+    idle = [w for w in og.compile(GRAPHS / "grpo_sync.yaml", overrides=SPLIT).warnings if w.startswith("idle cores")]
+    assert len(idle) == 1 and "rollout (1x1 CPU), trainer (1x1 CPU)" in idle[0] and "all 2 CPUs" in idle[0], idle
+    assert "colocate" in idle[0] and "one_step_off" in idle[0]
+    for graph in ("grpo_sync.yaml", "grpo_one_step_off.yaml", "grpo_async.yaml"):
+        assert not [w for w in og.compile(GRAPHS / graph).warnings if w.startswith("idle cores")], graph

@@ -18,6 +18,7 @@ from ..validate import resolve
 from ..yamlio import apply_override, load_file, validate_raw
 from .lower import lower
 from .plan import Plan
+from .predict import idle_warnings
 
 
 def compile(source, *, cluster: dict[str, float] | None = None,
@@ -40,7 +41,9 @@ def compile(source, *, cluster: dict[str, float] | None = None,
         what = ("drop the samples that exceed it" if s.on_stale == "drop" else
                 "regenerate the prompt groups that exceed it with the trainer's current weights, on the trainer")
         graph.warnings.append(f"{msg}: on_stale {s.on_stale} will {what}")
-    return lower(graph, report, timings)
+    plan = lower(graph, report, timings)
+    plan.warnings.extend(idle_warnings(plan))
+    return plan
 
 
 def to_spec(source, overrides=()) -> GraphSpec:

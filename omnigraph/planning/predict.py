@@ -89,3 +89,25 @@ def predict(plan, timings: dict[str, float] | None = None, steps: int | None = N
     total = step_end[-1] if step_end else 1.0
     return Prediction(step_s=step_s, serial_s=serial, utilisation={a: b / total for a, b in busy.items()}
                       if total else busy, boxes=boxes)
+
+
+def idle_warnings(plan) -> list[str]:
+    """Pools that the schedule runs one at a time: each one's cores wait while another pool works.
+
+    Read off the predicted schedule (default costs per role): when the pools never overlap, the predicted
+    step is the sum of the nodes' times, and splitting the machine into pools only took cores away from each
+    node. The fix is one pool with all the cores (colocated), or a schedule that overlaps the pools."""
+    pools = sorted({a.pool for a in plan.actors.values()})
+    if len(pools) < 2 or not plan.tasks:
+        return []
+    p = predict(plan)
+    if p.step_s <= 0 or p.overlap > 1.01:
+        return []
+    spec = plan.graph.spec
+    cpus = sum(spec.pools[name].cpus * spec.pools[name].actors for name in pools)
+    sizes = ", ".join(f"{name} ({spec.pools[name].actors}x{spec.pools[name].cpus:g} CPU"
+                      + (f", {spec.pools[name].gpus:g} GPU" if spec.pools[name].gpus else "") + ")" for name in pools)
+    return [f"idle cores: schedule {spec.schedule.mode} runs pools {sizes} one after another (predicted step = the "
+            f"sum of the nodes' times, overlap {p.overlap:.2f}), so each pool's cores wait while another works; "
+            f"colocate: one pool with all {cpus:g} CPUs and every node on it, or overlap the pools with a delayed "
+            "data edge into the trainer (schedule one_step_off or async)"]
