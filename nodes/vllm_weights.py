@@ -97,6 +97,7 @@ class WeightLoader:
             tensors = source
         t1 = time.perf_counter()
         model = self.model_runner.get_model()
+        self._omnigraph_check_complete(tensors)
         kept = getattr(self, "_omnigraph_packed", None)
         if kept is None or not self._omnigraph_in_place(model, tensors, kept):
             how = "reload"
@@ -108,6 +109,21 @@ class WeightLoader:
             how = "in place"
         self._omnigraph_retie(model)
         return {"how": how, "decode_s": t1 - t0, "load_s": time.perf_counter() - t1}
+
+    def _omnigraph_check_complete(self, tensors) -> None:
+        """Refuse a payload that lacks a tensor the engine's checkpoint has (before anything is written): a
+        missing layer would keep serving its old weights, in place or through ``reload_weights``."""
+        expected = getattr(self, "_omnigraph_expected", None)
+        if expected is None:
+            expected = _checkpoint_names(self.vllm_config.model_config.model)
+            # no safetensors in the model folder: the first load names the full set
+            self._omnigraph_expected = expected = set(tensors) if expected is None else expected
+        tied = getattr(self.vllm_config.model_config.hf_text_config, "tie_word_embeddings", False)
+        missing = sorted(n for n in expected - set(tensors) if not (tied and n.startswith("lm_head.")))
+        if missing:
+            shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            raise ValueError(f"the weights sent to vLLM lack {len(missing)} of the model's {len(expected)} tensors "
+                             f"({shown}): a full sync sends every parameter; the engine kept its weights")
 
     def _omnigraph_can_keep(self) -> bool:
         """In place needs the CPU backend's repack and a model without LoRA layers (their wrapped weights
@@ -129,7 +145,7 @@ class WeightLoader:
             for layer, empty in restored.items():
                 layer.weight = empty
             return False
-        if loaded is not None and not (names - _tied(model)) <= set(loaded) | _kept_names(model, kept):
+        if loaded is not None and not (names - _tied(model)) <= set(loaded):
             for layer in kept:                   # a parameter nothing wrote: reload, never serve stale weights
                 utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
             return False
@@ -153,6 +169,14 @@ def _tied(model) -> set[str]:
     return {n for n, _ in model.named_parameters() if n.startswith("lm_head.")}
 
 
-def _kept_names(model, kept: dict) -> set[str]:
-    by_module = {m: n for n, m in model.named_modules()}
-    return {f"{by_module[layer]}.weight" for layer in kept if layer in by_module}
+def _checkpoint_names(model_path: str) -> set[str] | None:
+    """The tensor names in a local checkpoint's safetensors files (headers only), or None."""
+    from safetensors import safe_open
+    files = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
+    if not files:
+        return None
+    names = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            names.update(sf.keys())
+    return names

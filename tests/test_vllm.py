@@ -133,6 +133,19 @@ def test_full_weight_update_matches_transformers():
         gen.load_weights(w)
         assert gen.ctx.metrics["weights_in_place"] == 1.0
         check_against_trainer(gen, pol, 0.7)
+        # a payload without one linear layer is refused before anything is written (in place it would
+        # have kept serving the layer's old weights); the engine still serves version 3
+        served = gen.sample([gen.encode(Prompt(t)) for t in TEXTS], 1, greedy=False, seed=5)["logprob"]
+        perturb(pol.model, 0.05)
+        w = export(spec, sync, 4)
+        w.tensors = {k: v for k, v in w.tensors.items() if k != "model.layers.0.mlp.down_proj.weight"}
+        with pytest.raises(Exception, match="lack 1 of the model's .* tensors \\(model.layers.0.mlp.down_proj.weight\\)"):
+            gen.load_weights(w)
+        assert gen.version == 3
+        assert torch.equal(gen.sample([gen.encode(Prompt(t)) for t in TEXTS], 1, greedy=False, seed=5)["logprob"], served)
+        gen.load_weights(export(spec, sync, 4))
+        assert gen.ctx.metrics["weights_in_place"] == 1.0
+        check_against_trainer(gen, pol, 0.7)
     finally:
         shutdown(gen)
 
