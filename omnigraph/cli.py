@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from . import viz
@@ -25,6 +26,7 @@ from .errors import GraphError, NodeFailure, StalenessError
 from .planning import compile, to_spec, whatif
 from .runtime import interrupt, run
 from .runtime.ledger import format_summary, read
+from .runtime.requeue import run_to_continue
 from .runtime.rundir import config_of
 
 USER_ERRORS = (GraphError, NodeFailure, StalenessError)
@@ -55,7 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*", metavar="key.path=value", help="override fields, e.g. schedule.iterations=10")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest good checkpoint")
     r.add_argument("--executor", choices=["ray", "local", "ray-tasks"], help="overrides runtime.executor")
-    r.add_argument("--run-dir", help="parent folder of the run directory (runtime.run_dir)")
+    r.add_argument("--run-dir", help="parent folder of the run directory (runtime.run_dir), or a run directory: an "
+                                     "unfinished run of the same graph and settings there is continued")
+    r.add_argument("--fresh", action="store_true", help="start a new run even where an unfinished one could continue")
     r.add_argument("--address", help="join an existing Ray cluster (runtime.address)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -189,12 +193,27 @@ def cmd_run(args) -> int:
         extra.append(f"runtime.run_dir={args.run_dir}")
     cluster = None if args.address else local_cluster()
     plan = _compile(args, extra, cluster=cluster)
+    if not args.resume and not args.fresh:
+        found = run_to_continue(Path(args.run_dir or plan.graph.spec.runtime.run_dir), plan.graph.spec)
+        if found is not None:           # a requeued job: continue the run instead of starting another
+            print(f"continuing {found} (an unfinished run of this graph and settings; --fresh starts a new one)")
+            args.resume, args.graph, args.overrides = str(found), str(found / "config.yaml"), []
+            plan = _compile(args, [e for e in extra if not e.startswith("runtime.run_dir=")], cluster=cluster)
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if plan.weights:
         print("weights: " + "; ".join(f"{n} -> generators by {p}" for n, p in plan.weights.items()) + " (plan.txt)")
-    with interrupt.deferred():          # Ctrl-C stops after the step in flight; a second one at once
-        result = run(plan, progress=not args.quiet, resume=args.resume)
+    rt = plan.graph.spec.runtime
+    try:
+        with interrupt.deferred(rt.preempt_signal, rt.grace_s):     # a signal: checkpoint and stop; twice: at once
+            result = run(plan, progress=not args.quiet, resume=args.resume)
+    except interrupt.Preempted as p:
+        return _preempted(p)
+    except interrupt.Stopped as s:
+        kept = f"its newest checkpoint is {s.checkpoint}" if s.checkpoint else "it has no checkpoint (a resume starts over)"
+        print(f"error: stopped at once: the graph was torn down and its actors stopped; {kept}\n"
+              f"continue with: omnigraph run --resume {s.run_dir}", file=sys.stderr)
+        return interrupt.EXIT_STOPPED
     from .plots import plot_run         # matplotlib loads after the run, not before it
     s = result.summary
     s["plots"] = [str(p) for p in plot_run(result.run_dir)]
@@ -208,6 +227,15 @@ def cmd_run(args) -> int:
     if s.get("plots"):
         print("plots: " + ", ".join(os.path.basename(p) for p in s["plots"]) + " (in the run directory)")
     return 0
+
+
+def _preempted(p) -> int:
+    where = f"after step {p.step} ({p.step + 1} of {p.steps} done)" if p.step is not None else "before the first step"
+    saved = f"checkpoint {p.checkpoint}" if p.checkpoint else "no checkpoint (the run starts over)"
+    print(f"preempted ({p.signame}): stopped {where}; {saved} in {p.run_dir}\n"
+          f"continue with: omnigraph run --resume {p.run_dir}  (or the same command again: it continues this run)",
+          file=sys.stderr)
+    return interrupt.EXIT_PREEMPTED
 
 
 def entry() -> None:

@@ -391,6 +391,11 @@ class RuntimeSpec(Strict):
     """Besides ``metrics.jsonl``: registered loggers (``omnigraph.loggers``): ``tensorboard``, ``wandb`` (offline
     unless configured), ``mlflow`` (a file store in the run directory unless ``MLFLOW_TRACKING_URI``) get every
     step's metrics and the run's config, plan and staleness bound (:mod:`omnigraph.runtime.loggers`)."""
+    preempt_signal: Literal["USR1", "USR2", "HUP", "XCPU"] | None = None
+    """Besides SIGTERM and SIGINT, the signal that means "the job ends soon" (Slurm: ``--signal=USR1@120``):
+    each stops the run at the next step boundary with a checkpoint (:mod:`omnigraph.runtime.interrupt`)."""
+    grace_s: float = Field(60.0, gt=0, le=86_400)
+    """After such a signal: the time the steps in flight and the checkpoint get; then the run stops at once."""
     pin_cpus: bool = True
     """On a local cluster, give each actor its own cores (``pools.*.cpus`` whole cores, laid out in
     order) when they all fit the machine: pools then stop fighting over cores (vLLM binds its

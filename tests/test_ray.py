@@ -141,12 +141,14 @@ def test_ctrl_c_tears_down_cleanly(tmp_path):
         return any(p.read_text().count("\n") >= 1 for p in tmp_path.glob("*/metrics.jsonl"))
     code, err, alive, seen = run_cli(["run", SYNTH, "schedule.iterations=10000", "--quiet", "--run-dir",
                                       str(tmp_path)], interrupt_when=stepping, timeout=400)
-    assert code == 1, err
-    assert "interrupt: stopping after this step" in err
-    assert "error: interrupted: the graph was torn down" in err and "Traceback" not in err
-    assert seen and not alive, f"left behind: {alive}"
+    assert code == 75, err                          # preempted, with its checkpoint (tests/test_preempt.py)
+    assert "interrupt: SIGINT: finishing the steps in flight, then a checkpoint" in err
     (run_dir,) = tmp_path.iterdir()
-    assert (run_dir / "metrics.jsonl").read_text().count("\n") >= 1
+    assert f"continue with: omnigraph run --resume {run_dir}" in err and "Traceback" not in err
+    assert seen and not alive, f"left behind: {alive}"
+    steps = (run_dir / "metrics.jsonl").read_text().count("\n")
+    assert steps >= 1
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [f"step-{steps - 1:08d}"]
 
 
 def test_a_killed_actor_is_restarted_and_the_run_resumes_from_its_checkpoint(tmp_path):

@@ -30,9 +30,10 @@ class Executor:
     def start(self) -> None:
         """Create the actors and build every node (models load here)."""
 
-    def steps(self, start: int = 0, barrier=None) -> Iterator[StepResult]:
+    def steps(self, start: int = 0, barrier=None, stop=None) -> Iterator[StepResult]:
         """Yield each step's result from ``start`` on; nothing is in flight past a step ``t`` for
-        which ``barrier(t + 1)`` holds when it is yielded."""
+        which ``barrier(t + 1)`` holds when it is yielded. Once ``stop()`` is true, no new step is
+        submitted: those in flight are yielded and the iteration ends (a quiet point)."""
         raise NotImplementedError
 
     def snapshot(self) -> dict[str, bytes]:

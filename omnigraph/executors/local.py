@@ -27,13 +27,15 @@ class LocalExecutor(Executor):
         for a, h in self.interpreters.items():
             h.restore_bytes(snaps[a])
 
-    def steps(self, start: int = 0, barrier=None) -> Iterator[StepResult]:
+    def steps(self, start: int = 0, barrier=None, stop=None) -> Iterator[StepResult]:
         plan = self.plan
         firing = plan.firing()
         for t in range(plan.steps):
             fired = firing.next()
             if t < start:
                 continue
+            if stop is not None and stop():
+                return
             out: dict[Any, dict[str, Any]] = {}
             for task in plan.tasks:
                 h = self.interpreters[task.actor]

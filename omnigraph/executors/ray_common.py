@@ -168,7 +168,7 @@ class RayExecutor(Executor):
         backends = ", ".join(dict.fromkeys(f"{n.backend} {n.kind}" for n in nodes))
         return f"model; {backends}" if model else backends
 
-    def steps(self, start: int = 0, barrier=None) -> Iterator[StepResult]:
+    def steps(self, start: int = 0, barrier=None, stop=None) -> Iterator[StepResult]:
         """Submit steps ahead and yield them in order; before a step where ``barrier(t)`` holds,
         everything in flight finishes first (a quiet point for checkpoints)."""
         firing = self.plan.firing()
@@ -177,6 +177,8 @@ class RayExecutor(Executor):
             fired = firing.next()
             if t < start:
                 continue
+            if stop is not None and stop():
+                break
             if barrier is not None and barrier(t):
                 while pending:
                     yield self._finish(*pending.popleft())

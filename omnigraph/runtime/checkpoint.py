@@ -100,3 +100,9 @@ def load_latest(run_dir: Path, graph: str, on_damaged=None) -> Checkpoint | None
                              fix="resume with the run directory's own config.yaml (do not edit it)")
         return Checkpoint(manifest["step"], path, manifest, snaps)
     return None
+
+
+def newest(run_dir: Path) -> str | None:
+    """The name of the newest checkpoint folder (unverified), or None."""
+    found = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step-*") if p.is_dir())
+    return found[-1] if found else None

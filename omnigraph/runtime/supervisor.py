@@ -61,16 +61,30 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
     bar = Progress(plan, enabled=progress, console=console)
     restarts: list[dict[str, Any]] = []
     t0 = time.perf_counter()
+    try:
+        rows = _supervised(plan, out, graph_id, bar, t0, restarts, resume is not None)
+    except KeyboardInterrupt:                       # a second signal, or the grace period ran out
+        raise interrupt.Stopped(out, ckpt.newest(out)) from None
+    wall = time.perf_counter() - t0
+    result = summary(plan, rows, wall, out)
+    result["restarts"] = restarts
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    return RunResult(run_dir=out, steps=len(rows), wall_s=wall, metrics=rows, summary=result)
+
+
+def _supervised(plan, out: Path, graph_id: str, bar, t0: float, restarts: list, resume: bool) -> list[dict[str, Any]]:
+    """Attempts until one ends: restarts after a node failure, at most ``runtime.max_restarts``."""
+    spec = plan.graph.spec
     with bar:
         if any(plugins.backend(n.kind, n.backend).uses_model for n in plan.graph.nodes.values() if n.kind != "custom"):
             bar.status("preparing the model")
             plugins.model_dir(spec.model.path, spec.model.seed, log=bar.log)
         while True:
-            interrupt.check()
+            if interrupt.requested():
+                raise _preempted(out, plan, None)
             os.environ["OMNIGRAPH_ATTEMPT"] = str(len(restarts))
             try:
-                rows = _attempt(plan, out, graph_id, bar, t0, resume=resume is not None or bool(restarts))
-                break
+                return _attempt(plan, out, graph_id, bar, t0, resume=resume or bool(restarts))
             except NodeFailure as e:
                 if len(restarts) >= spec.runtime.max_restarts:
                     if restarts:
@@ -80,11 +94,15 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
                                  "step": e.iteration, "time": round(time.perf_counter() - t0, 3)})
                 append(out, "restarts", restarts[-1])
                 bar.log(f"restart {len(restarts)}/{spec.runtime.max_restarts}: {e}")
-    wall = time.perf_counter() - t0
-    result = summary(plan, rows, wall, out)
-    result["restarts"] = restarts
-    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    return RunResult(run_dir=out, steps=len(rows), wall_s=wall, metrics=rows, summary=result)
+
+
+def _preempted(out: Path, plan, step: int | None) -> interrupt.Preempted:
+    """The stop request honoured: logged in ``restarts.jsonl``, for the message and for the next start."""
+    name = ckpt.newest(out)
+    if step is None and name is not None:
+        step = int(name.removeprefix("step-"))
+    append(out, "restarts", {"event": "preempted", "signal": interrupt.requested(), "step": step, "checkpoint": name})
+    return interrupt.Preempted(interrupt.requested() or "a signal", out, step, name, plan.steps)
 
 
 def _restore_point(out: Path, graph_id: str, bar) -> ckpt.Checkpoint | None:
@@ -107,7 +125,9 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
 
     def status(text: str) -> None:      # the executors report every second while the actors start
         bar.status(text)
-        interrupt.check()
+        interrupt.reinstall()           # ray.init replaced the SIGTERM handler
+        if interrupt.requested():
+            raise _preempted(out, plan, None)
 
     ex = make_executor(plan, on_status=status)
     loggers = make_loggers(spec.runtime.loggers, out, start, run_params(plan, out))
@@ -117,13 +137,14 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
     try:
         bar.status(f"starting {ex.name} executor: actors, models")
         ex.start()
+        interrupt.reinstall()
         if restart:
             bar.log(f"resuming from {restart.path.name}: continuing at step {start}")
             ex.restore(restart.snapshots)
         bar.skip(start)
         bar.status("first step")
-        last = time.perf_counter()
-        for result in ex.steps(start, barrier=barrier):
+        last, done = time.perf_counter(), None
+        for result in ex.steps(start, barrier=barrier, stop=interrupt.requested):
             now = time.perf_counter()
             row = step_metrics(result, now - t0, now - last, plan)
             last = now
@@ -142,10 +163,15 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
                 lg.log(row)
                 lg.flush()
             bar.advance(row)
+            done = result.step
             if barrier and barrier(result.step + 1):
                 bar.status(f"checkpoint after step {result.step}")
                 ckpt.save(out, result.step, graph_id, ex.snapshot(), dict(files.counts), spec.checkpoint.keep)
-            interrupt.check()           # a Ctrl-C under `omnigraph run` stops here, after a whole step
+        if interrupt.requested() and (done if done is not None else start - 1) < plan.steps - 1:
+            if done is not None and ckpt.newest(out) != f"step-{done:08d}":     # nothing in flight now
+                bar.status(f"checkpoint after step {done} ({interrupt.requested()})")
+                ckpt.save(out, done, graph_id, ex.snapshot(), dict(files.counts), spec.checkpoint.keep)
+            raise _preempted(out, plan, done)
         bar.status("saving final weights")
         ex.finish(str(out))
     except OSError as e:

@@ -1,0 +1,191 @@
+"""Preemption: a signal checkpoints and stops the run, and the same command continues it (#23).
+
+Real runs of the CLI in a subprocess: the signal is sent while steps are running, the process must
+end within the grace period with exit code 75 and a checkpoint, leave no process behind, and the
+job script run again must continue the run to the metrics and final weights of an uninterrupted one.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from omnigraph.cli import main
+from omnigraph.runtime.interrupt import EXIT_PREEMPTED, EXIT_STOPPED
+
+from conftest import GRAPHS, ROOT
+
+EXE = str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "omnigraph")
+KEYS = ("step", "reward_mean", "staleness_max", "version", "loss", "grad_norm", "entropy", "fired")
+SYNTH = str(GRAPHS / "synthetic_one_step_off.yaml")
+
+
+def stepped(parent: Path, n: int):
+    """True once a run under ``parent`` has written ``n`` steps."""
+    return lambda: any(p.read_text().count("\n") >= n for p in parent.glob("*/metrics.jsonl"))
+
+
+def stalled(parent: Path, n: int, quiet_s: float = 1.5):
+    """True once a run under ``parent`` has written ``n`` steps and no step for ``quiet_s`` (it hangs)."""
+    def check() -> bool:
+        files = [p for p in parent.glob("*/metrics.jsonl") if p.read_text().count("\n") >= n]
+        return any(time.time() - p.stat().st_mtime > quiet_s for p in files)
+    return check
+
+
+def omnigraph(args, signals=(), env_extra=None, timeout=300):
+    """Run the CLI; ``signals``: (condition, signal) pairs, each sent once its condition holds (in order).
+    Returns (code, stdout, stderr, seconds from the first signal to the exit, descendants still alive)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env_extra or {})}
+    p = subprocess.Popen([EXE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, seen, todo, first = psutil.Process(p.pid), set(), list(signals), None
+    start = time.monotonic()
+    while p.poll() is None and time.monotonic() - start < timeout:
+        try:
+            seen |= {c.pid for c in proc.children(recursive=True)}
+        except psutil.Error:
+            pass
+        if todo and todo[0][0]():
+            p.send_signal(todo.pop(0)[1])
+            first = first or time.monotonic()
+        time.sleep(0.1)
+    ended = time.monotonic()
+    if p.poll() is None:
+        for pid in [p.pid, *seen]:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        _, err = p.communicate(timeout=60)
+        pytest.fail(f"still running after {timeout} s: omnigraph {' '.join(args)}\n{err[-3000:]}")
+    out, err = p.communicate(timeout=60)
+    deadline, alive = time.monotonic() + 15, list(seen)
+    while alive and time.monotonic() < deadline:
+        alive = [q for q in seen if psutil.pid_exists(q) and psutil.Process(q).status() != "zombie"]
+        time.sleep(0.3)
+    return p.returncode, out, err, (ended - first) if first else None, alive
+
+
+def metrics(d: Path):
+    return [{k: r.get(k) for k in KEYS} for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(tmp_path, executor):
+    job = ["run", str(GRAPHS / "grpo_one_step_off.yaml"), "schedule.iterations=9", "nodes.generate.eval_every=0",
+           "runtime.grace_s=60", "--executor", executor, "--quiet"]
+    code, _, err, _, _ = omnigraph(job + ["--run-dir", str(tmp_path / "whole")])
+    assert code == 0, err
+    (whole,) = (tmp_path / "whole").iterdir()
+
+    parent = tmp_path / "job"
+    code, _, err, took, alive = omnigraph(job + ["--run-dir", str(parent)], [(stepped(parent, 3), signal.SIGTERM)])
+    assert code == EXIT_PREEMPTED, err
+    (d,) = parent.iterdir()
+    done = (d / "metrics.jsonl").read_text().count("\n")
+    assert 3 <= done < 10, "the signal came after the run's end: nothing was preempted"
+    assert took < 60, f"took {took:.1f} s, past runtime.grace_s"
+    assert [p.name for p in (d / "checkpoints").iterdir()] == [f"step-{done - 1:08d}"]
+    lines = err.strip().splitlines()
+    assert lines[-2] == (f"preempted (SIGTERM): stopped after step {done - 1} ({done} of 10 done); "
+                         f"checkpoint step-{done - 1:08d} in {d}")
+    assert lines[-1].startswith(f"continue with: omnigraph run --resume {d}")
+    assert "Traceback" not in err and "SIGTERM received" not in err     # not Ray's stack dump
+    assert not alive, f"left behind: {alive}"
+
+    code, out, err, _, _ = omnigraph(job + ["--run-dir", str(parent)])    # the job, requeued unchanged
+    assert code == 0, err
+    assert f"continuing {d}" in out and [p.name for p in parent.iterdir()] == [d.name]
+    assert metrics(d) == metrics(whole)
+    from safetensors.torch import load_file
+    a, b = load_file(whole / "final" / "model.safetensors"), load_file(d / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_hanging_step_ends_at_once_after_the_grace_period(tmp_path):
+    """The signal is honoured at the next step boundary; a step that never ends is cut at runtime.grace_s."""
+    code, _, err, took, alive = omnigraph(
+        ["run", SYNTH, "schedule.iterations=10000", "checkpoint.every=2", "runtime.grace_s=3", "--quiet",
+         "--run-dir", str(tmp_path)], [(stalled(tmp_path, 2), signal.SIGTERM)], {"OMNIGRAPH_INJECT": "update@4:hang"})
+    assert code == EXIT_STOPPED, err
+    assert 3 <= took < 30, took
+    assert "interrupt: the grace period (runtime.grace_s) is over: stopping at once" in err
+    (d,) = tmp_path.iterdir()
+    newest = sorted(p.name for p in (d / "checkpoints").iterdir())[-1]
+    assert f"its newest checkpoint is {newest}" in err and f"continue with: omnigraph run --resume {d}" in err
+    assert "Traceback" not in err and not alive, alive
+
+
+def test_a_second_signal_stops_at_once(tmp_path):
+    sent = []
+
+    def after_the_first() -> bool:
+        sent.append(time.monotonic())
+        return time.monotonic() - sent[0] > 1.0
+    code, _, err, took, alive = omnigraph(
+        ["run", SYNTH, "schedule.iterations=10000", "runtime.grace_s=300", "--quiet", "--executor", "local",
+         "--run-dir", str(tmp_path)],
+        [(stalled(tmp_path, 1), signal.SIGTERM), (after_the_first, signal.SIGINT)], {"OMNIGRAPH_INJECT": "update@3:hang"})
+    assert code == EXIT_STOPPED, err
+    assert took < 30 and "it has no checkpoint (a resume starts over)" in err and "Traceback" not in err
+    assert not alive
+
+
+def test_the_early_warning_signal_is_configurable(tmp_path):
+    code, _, err, _, _ = omnigraph(
+        ["run", SYNTH, "schedule.iterations=10000", "runtime.preempt_signal=USR1", "--quiet", "--executor", "local",
+         "--run-dir", str(tmp_path)], [(stepped(tmp_path, 2), signal.SIGUSR1)])
+    assert code == EXIT_PREEMPTED, err
+    assert "preempted (SIGUSR1): stopped after step" in err
+
+
+class TestRequeue:
+    ARGS = ["--executor", "local", "--quiet"]
+
+    def preempted_run(self, tmp_path, *over) -> Path:
+        code, _, err, _, _ = omnigraph(["run", SYNTH, "schedule.iterations=10000", *over, *self.ARGS,
+                                        "--run-dir", str(tmp_path)], [(stepped(tmp_path, 2), signal.SIGTERM)])
+        assert code == EXIT_PREEMPTED, err
+        (d,) = tmp_path.iterdir()
+        return d
+
+    def test_other_settings_on_a_run_directory_are_refused_naming_the_fields(self, tmp_path, capsys):
+        d = self.preempted_run(tmp_path)
+        assert main(["run", SYNTH, "schedule.iterations=20", "runtime.seed=3", *self.ARGS, "--run-dir", str(d)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --run-dir: {d} is a run of other settings (")
+        assert "schedule.iterations: run 10000, now 20; runtime.seed: run 0, now 3)" in err and "fix: " in err
+        assert "Traceback" not in err
+
+    def test_other_settings_in_the_parent_start_a_new_run(self, tmp_path):
+        d = self.preempted_run(tmp_path)
+        assert main(["run", SYNTH, "schedule.iterations=3", *self.ARGS, "--run-dir", str(tmp_path)]) == 0
+        assert len(list(tmp_path.iterdir())) == 2 and not (d / "summary.json").exists()
+
+    def test_fresh_starts_a_new_run(self, tmp_path):
+        old = self.preempted_run(tmp_path, "schedule.iterations=10000")
+        steps = len(metrics(old))
+
+        def new_run_stepping() -> bool:
+            return sum(p.read_text().count("\n") for p in tmp_path.glob("*/metrics.jsonl")) >= steps + 2
+        code, _, err, _, _ = omnigraph(["run", SYNTH, "schedule.iterations=10000", *self.ARGS, "--fresh",
+                                        "--run-dir", str(tmp_path)], [(new_run_stepping, signal.SIGTERM)])
+        assert code == EXIT_PREEMPTED and len(list(tmp_path.iterdir())) == 2, err
+
+    def test_a_finished_run_directory_is_refused(self, tmp_path, capsys):
+        assert main(["run", SYNTH, "schedule.iterations=3", *self.ARGS, "--run-dir", str(tmp_path)]) == 0
+        (d,) = tmp_path.iterdir()
+        assert main(["run", SYNTH, "schedule.iterations=3", *self.ARGS, "--run-dir", str(d)]) == 1
+        assert f"{d} is a finished run" in capsys.readouterr().err
+
+
+def test_a_bad_preempt_signal_names_the_field(capsys):
+    assert main(["check", SYNTH, "runtime.preempt_signal=KILL"]) == 1
+    assert "runtime.preempt_signal" in capsys.readouterr().err
