@@ -77,9 +77,10 @@ def metrics(d: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["local", "ray"])
-def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(tmp_path, executor):
-    job = ["run", str(GRAPHS / "grpo_one_step_off.yaml"), "schedule.iterations=9", "nodes.generate.eval_every=0",
+@pytest.mark.parametrize("graph, executor", [("grpo_one_step_off", "local"), ("grpo_one_step_off", "ray"),
+                                             ("grpo_partial", "local")])     # unfinished groups in the checkpoint
+def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(tmp_path, graph, executor):
+    job = ["run", str(GRAPHS / f"{graph}.yaml"), "schedule.iterations=9", "nodes.generate.eval_every=0",
            "runtime.grace_s=60", "--executor", executor, "--quiet"]
     code, _, err, _, _ = omnigraph(job + ["--run-dir", str(tmp_path / "whole")])
     assert code == 0, err
@@ -107,6 +108,9 @@ def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(
     from safetensors.torch import load_file
     a, b = load_file(whole / "final" / "model.safetensors"), load_file(d / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    from omnigraph.runtime.ledger import read
+    s = read(d)
+    assert s.ok and s.generated == s.trained_once == read(whole).trained_once
 
 
 def test_a_hanging_step_ends_at_once_after_the_grace_period(tmp_path):
