@@ -402,3 +402,35 @@ def test_shm_files_are_reused_only_when_no_receiver_maps_them():
             pickle.loads(blobs[0])                    # its file was reused since (renamed): not the newer weights
     finally:
         shm.close()
+
+
+@pytest.mark.parametrize("in_flight, readable", [(None, [3, 4, 5]), (5, [1, 2, 3, 4, 5])])
+def test_the_cuda_ipc_ring_holds_as_many_unread_exports_as_the_plan_allows(in_flight, readable):
+    """The stamp logic on CPU packs: five exports before any is read; the sender keeps KEEP (3) by default and
+    the plan's bound + 1 when that is more; a receiver of an overwritten version is refused, never torn."""
+    from omnigraph.sdk import WeightsState
+    from omnigraph.transports import make
+    tx = make("cuda-ipc", "sync", None, in_flight=in_flight)
+    src, sent = {"a": torch.zeros(4)}, []
+    for v in range(1, 6):
+        src["a"].fill_(v)
+        sent.append(tx.export(WeightsState(src, "full", torch.float32), v))
+    rx = make("cuda-ipc", "sync")
+    try:
+        for w in sent:
+            if w.version in readable:
+                assert torch.equal(rx.arrive(w).tensors["a"], torch.full((4,), float(w.version)))
+            else:
+                with pytest.raises(RuntimeError, match=f"weights version {w.version} was overwritten by the sender "
+                                                       "before this receiver copied it .* the sender keeps 3"):
+                    rx.arrive(w)
+    finally:
+        tx.close()
+
+
+def test_the_interpreter_sizes_the_weights_ring_from_the_staleness_bound():
+    from omnigraph.executors.interpreter import Interpreter
+    plan = og.compile(GRAPHS / "grpo_async.yaml", overrides=["schedule.ahead=4", "schedule.max_staleness=4"])
+    (actor,) = [t.actor for t in plan.tasks if t.op == "run" and t.node == "sync"][:1]
+    t = Interpreter(plan, actor).transport("sync")
+    assert plan.bound == 4 and t.in_flight == 5

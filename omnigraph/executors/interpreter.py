@@ -183,7 +183,9 @@ class Interpreter:
         """The weights transport the plan chose for ``exporter`` (sender or receiver side)."""
         if exporter not in self._transports:
             g = self.plan.graph
-            self._transports[exporter] = transports.make(self.plan.weights[exporter], exporter, g.nodes[exporter].spec)
+            # an export is unread for at most bound + 1 exports (the data edge's delay is within the bound)
+            self._transports[exporter] = transports.make(self.plan.weights[exporter], exporter, g.nodes[exporter].spec,
+                                                         in_flight=self.plan.bound + 1)
         return self._transports[exporter]
 
     def _eval_due(self, n, step: int) -> bool:

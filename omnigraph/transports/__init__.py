@@ -105,6 +105,10 @@ def pool_backend(gpus: float) -> str:
     return "nccl" if gpus >= 1 else "gloo"
 
 
-def make(path: str, node: str, options=None):
-    """The transport object for ``path`` (sender or receiver side), through the registry."""
-    return plugins.load("transports", path, where=f"nodes.{node}")(node, options)
+def make(path: str, node: str, options=None, in_flight: int | None = None):
+    """The transport object for ``path`` (sender or receiver side), through the registry; ``in_flight``: the
+    most exports unread at a time, from the plan (:attr:`~.base.Transport.in_flight`)."""
+    t = plugins.load("transports", path, where=f"nodes.{node}")(node, options)
+    if in_flight is not None:
+        t.in_flight = in_flight
+    return t

@@ -42,6 +42,10 @@ portable = _Portable()
 class Transport:
     name = "base"
 
+    in_flight: int = 2
+    """At most this many exports are unread by a receiver at a time (set from the plan's staleness bound:
+    a transport that lends its buffers keeps this many)."""
+
     def __init__(self, node: str, options: Any = None):
         self.node = node
         self.options = options

@@ -190,7 +190,7 @@ def _key(t) -> tuple:
 
 
 def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout: bytes | dict, sender: tuple[int, int],
-              stamp: tuple[str, int] | None = None) -> TensorPack:
+              stamp: tuple[str, int, int] | None = None) -> TensorPack:
     """Receiver side of ``cuda-ipc``: the sender's buffers, opened once per sender pack and kept open.
 
     The result *borrows* the sender's memory (``stamp``: where the sender says which version each of its buffers

@@ -36,7 +36,12 @@ class _Packed(Transport):
 
     def __init__(self, node, options=None):
         super().__init__(node, options)
-        self.kept: deque = deque(maxlen=KEEP)
+        self.kept: deque | None = None
+
+    @property
+    def keep(self) -> int:
+        """Packs the sender keeps: :data:`KEEP`, more when the plan can leave more exports unread."""
+        return max(KEEP, self.in_flight)
 
     def export(self, state: WeightsState, version: int, fault=None) -> Weights:
         pack = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path)
@@ -46,11 +51,17 @@ class _Packed(Transport):
             pack = TensorPack({k: b.cpu() for k, b in pack.buffers.items()}, pack.layout, "host")
         if pack.device is not None and pack.device.type == "cuda":
             torch.cuda.current_stream(pack.device).synchronize()
-        self.kept.append(pack)
+        self._keep_pack(pack)
         return Weights(version, tensors=pack, payload=state.payload, nbytes=pack.nbytes, path=self.name)
 
+    def _keep_pack(self, pack) -> None:
+        if self.kept is None:
+            self.kept = deque(maxlen=self.keep)
+        self.kept.append(pack)
+
     def close(self) -> None:
-        self.kept.clear()
+        if self.kept is not None:
+            self.kept.clear()
 
 
 class Shm(_Packed):
@@ -66,7 +77,7 @@ class Shm(_Packed):
         pack = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path, pool=self.pool)
         if fault is not None:
             fault("export")               # packed, not handed over yet
-        self.kept.append(pack)
+        self._keep_pack(pack)
         return Weights(version, tensors=pack, payload=state.payload, nbytes=pack.nbytes, path=self.name)
 
     def close(self) -> None:
@@ -89,7 +100,9 @@ class CudaIpc(_Packed):
     finishes before that actor's ``generate`` of iteration ``i + 1``; the trainer's export ``i + d + 1`` needs the
     batch that ``generate`` made, ``d`` being the delay of the data edge into the trainer (0 in sync, 1
     one-step-off, k with ``async: ahead: k``). So at most ``d + 1`` exports are unread at a time: 3 packs cover
-    ``d <= 2``. For more (or anything unforeseen), every pack carries a stamp in a host shared-memory file
+    ``d <= 2``; for a longer delay the plan says so (``in_flight``: the staleness bound + 1, which covers ``d + 1``)
+    and the ring has that many packs (each a copy of the weights on the GPU). For anything unforeseen, every
+    pack carries a stamp in a host shared-memory file
     (``/dev/shm``): the version it holds, -1 while being refilled. A receiver checks it before and after its
     copy and raises if the sender has overwritten the version it is reading, instead of loading torn weights.
     """
@@ -97,7 +110,7 @@ class CudaIpc(_Packed):
 
     def __init__(self, node, options=None):
         super().__init__(node, options)
-        self.ring: list[TensorPack | None] = [None] * KEEP
+        self.ring: list[TensorPack | None] = []
         self.exports = 0
         self.stamps = None                      # the sender's stamp file, int64[KEEP]
         self.stamps_path = ""
@@ -105,13 +118,14 @@ class CudaIpc(_Packed):
         self.plans: dict = {}                   # receiver: copy_into's matched lists
 
     def export(self, state: WeightsState, version: int, fault=None) -> Weights:
-        slot = self.exports % KEEP
-        self.exports += 1
         if self.stamps is None:
+            self.ring = [None] * self.keep
             self.stamps_path = name("/dev/shm", os.environ.get("OMNIGRAPH_SHM_TAG", str(os.getpid())), os.getpid(),
                                     id(self), "stamps")
-            self.stamps = torch.from_file(self.stamps_path, shared=True, size=KEEP, dtype=torch.int64)
+            self.stamps = torch.from_file(self.stamps_path, shared=True, size=len(self.ring), dtype=torch.int64)
             self.stamps.fill_(-1)
+        slot = self.exports % len(self.ring)
+        self.exports += 1
         self.stamps[slot] = -1                  # being refilled: a receiver still reading it must not trust it
         pack = self.ring[slot]
         if pack is None or not pack.refill(state.tensors, dtype=state.dtype):
@@ -121,7 +135,7 @@ class CudaIpc(_Packed):
         if pack.device is not None and pack.device.type == "cuda":
             torch.cuda.current_stream(pack.device).synchronize()
         self.stamps[slot] = version
-        pack.stamp = (self.stamps_path, slot)
+        pack.stamp = (self.stamps_path, slot, len(self.ring))
         return Weights(version, tensors=pack, payload=state.payload, nbytes=pack.nbytes, path=self.name)
 
     def arrive(self, weights: Weights, targets: Mapping[str, Any] | None = None) -> Weights:
@@ -146,22 +160,22 @@ class CudaIpc(_Packed):
         return out
 
     def _check(self, stamp: tuple[str, int], version: int, when: str) -> None:
-        path, slot = stamp
+        path, slot, size = stamp
         if path not in self.opened:
             if not os.path.exists(path):
                 raise RuntimeError(f"the weights' stamp file {path} is gone: the sender of version {version} "
                                    "stopped before this receiver read it")
-            self.opened[path] = torch.from_file(path, shared=True, size=KEEP, dtype=torch.int64)
+            self.opened[path] = torch.from_file(path, shared=True, size=size, dtype=torch.int64)
         held = int(self.opened[path][slot])
         if held != version:
             raise RuntimeError(f"weights version {version} was overwritten by the sender {when} this receiver copied "
                                f"it (its buffer now holds {held if held >= 0 else 'a version being written'}): more "
-                               f"than {KEEP} exports were in flight; the cuda-ipc path keeps {KEEP} "
-                               "(transports/packed.py: KEEP)")
+                               f"than {size} exports were in flight, the sender keeps {size} (the plan's staleness "
+                               "bound + 1; transports/packed.py)")
 
     def close(self) -> None:
         super().close()
-        self.ring = [None] * KEEP
+        self.ring = []
         if self.stamps_path:
             unlink([self.stamps_path])
 
