@@ -28,10 +28,11 @@ class Sync:
     @torch.no_grad()
     def state(self) -> WeightsState:
         model = self.policy.model
-        if self._of is None or self._of[0] is not model:
-            self._params = list(model.parameters())             # walking the modules costs ~1 ms for 290 tensors
-        of = (model, [p.data_ptr() for p in self._params])
-        if self._of != of:                     # first export, or the parameters' memory was replaced
+        params = list(model.parameters())       # walking the modules: ~1 ms for 290 tensors, once per export
+        of = (model, [p.data_ptr() for p in params])
+        swapped = len(params) != len(self._params) or any(a is not b for a, b in zip(params, self._params))
+        if swapped or self._of != of:           # first export, a parameter replaced, or its memory replaced
+            self._params = params
             if self.payload == "lora":
                 from peft import get_peft_model_state_dict
                 self._tensors = get_peft_model_state_dict(model)

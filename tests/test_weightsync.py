@@ -434,3 +434,15 @@ def test_the_interpreter_sizes_the_weights_ring_from_the_staleness_bound():
     (actor,) = [t.actor for t in plan.tasks if t.op == "run" and t.node == "sync"][:1]
     t = Interpreter(plan, actor).transport("sync")
     assert plan.bound == 4 and t.in_flight == 5
+
+
+def test_the_exported_state_follows_a_replaced_parameter():
+    """A parameter replaced by a new one (a restore, a merge) is exported, not the old one the cache saw."""
+    from omnigraph.testing import build_node
+    sync, _ = build_node(og.load(GRAPHS / "grpo_sync.yaml"), "sync")
+    first = sync.state().tensors
+    name, p = next(iter(sync.policy.model.named_parameters()))
+    owner = sync.policy.model.get_submodule(name.rsplit(".", 1)[0])
+    setattr(owner, name.rsplit(".", 1)[1], torch.nn.Parameter(torch.full_like(p, 0.5)))
+    state = sync.state().tensors
+    assert state is not first and torch.equal(state[name], torch.full_like(p, 0.5))
