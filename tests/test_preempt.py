@@ -6,22 +6,19 @@ job script run again must continue the run to the metrics and final weights of a
 """
 
 import json
-import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from omnigraph.cli import main
 from omnigraph.runtime.interrupt import EXIT_PREEMPTED, EXIT_STOPPED
 
-from conftest import GRAPHS, ROOT
+from cli_process import omnigraph
+from conftest import GRAPHS
 
-EXE = str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "omnigraph")
 KEYS = ("step", "reward_mean", "staleness_max", "version", "loss", "grad_norm", "entropy", "fired")
 SYNTH = str(GRAPHS / "synthetic_one_step_off.yaml")
 
@@ -39,39 +36,6 @@ def stalled(parent: Path, n: int, quiet_s: float = 1.5):
     return check
 
 
-def omnigraph(args, signals=(), env_extra=None, timeout=300):
-    """Run the CLI; ``signals``: (condition, signal) pairs, each sent once its condition holds (in order).
-    Returns (code, stdout, stderr, seconds from the first signal to the exit, descendants still alive)."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env_extra or {})}
-    p = subprocess.Popen([EXE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc, seen, todo, first = psutil.Process(p.pid), set(), list(signals), None
-    start = time.monotonic()
-    while p.poll() is None and time.monotonic() - start < timeout:
-        try:
-            seen |= {c.pid for c in proc.children(recursive=True)}
-        except psutil.Error:
-            pass
-        if todo and todo[0][0]():
-            p.send_signal(todo.pop(0)[1])
-            first = first or time.monotonic()
-        time.sleep(0.1)
-    ended = time.monotonic()
-    if p.poll() is None:
-        for pid in [p.pid, *seen]:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
-        _, err = p.communicate(timeout=60)
-        pytest.fail(f"still running after {timeout} s: omnigraph {' '.join(args)}\n{err[-3000:]}")
-    out, err = p.communicate(timeout=60)
-    deadline, alive = time.monotonic() + 15, list(seen)
-    while alive and time.monotonic() < deadline:
-        alive = [q for q in seen if psutil.pid_exists(q) and psutil.Process(q).status() != "zombie"]
-        time.sleep(0.3)
-    return p.returncode, out, err, (ended - first) if first else None, alive
-
-
 def metrics(d: Path):
     return [{k: r.get(k) for k in KEYS} for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
 
@@ -82,12 +46,12 @@ def metrics(d: Path):
 def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(tmp_path, graph, executor):
     job = ["run", str(GRAPHS / f"{graph}.yaml"), "schedule.iterations=9", "nodes.generate.eval_every=0",
            "runtime.grace_s=60", "--executor", executor, "--quiet"]
-    code, _, err, _, _ = omnigraph(job + ["--run-dir", str(tmp_path / "whole")])
+    code, _, err, _, _, _ = omnigraph(job + ["--run-dir", str(tmp_path / "whole")])
     assert code == 0, err
     (whole,) = (tmp_path / "whole").iterdir()
 
     parent = tmp_path / "job"
-    code, _, err, took, alive = omnigraph(job + ["--run-dir", str(parent)], [(stepped(parent, 3), signal.SIGTERM)])
+    code, _, err, took, alive, _ = omnigraph(job + ["--run-dir", str(parent)], [(stepped(parent, 3), signal.SIGTERM)])
     assert code == EXIT_PREEMPTED, err
     (d,) = parent.iterdir()
     done = (d / "metrics.jsonl").read_text().count("\n")
@@ -101,7 +65,7 @@ def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(
     assert "Traceback" not in err and "SIGTERM received" not in err     # not Ray's stack dump
     assert not alive, f"left behind: {alive}"
 
-    code, out, err, _, _ = omnigraph(job + ["--run-dir", str(parent)])    # the job, requeued unchanged
+    code, out, err, _, _, _ = omnigraph(job + ["--run-dir", str(parent)])    # the job, requeued unchanged
     assert code == 0, err
     assert f"continuing {d}" in out and [p.name for p in parent.iterdir()] == [d.name]
     assert metrics(d) == metrics(whole)
@@ -115,7 +79,7 @@ def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(
 
 def test_a_hanging_step_ends_at_once_after_the_grace_period(tmp_path):
     """The signal is honoured at the next step boundary; a step that never ends is cut at runtime.grace_s."""
-    code, _, err, took, alive = omnigraph(
+    code, _, err, took, alive, _ = omnigraph(
         ["run", SYNTH, "schedule.iterations=10000", "checkpoint.every=2", "runtime.grace_s=3", "--quiet",
          "--run-dir", str(tmp_path)], [(stalled(tmp_path, 2), signal.SIGTERM)], {"OMNIGRAPH_INJECT": "update@4:hang"})
     assert code == EXIT_STOPPED, err
@@ -133,7 +97,7 @@ def test_a_second_signal_stops_at_once(tmp_path):
     def after_the_first() -> bool:
         sent.append(time.monotonic())
         return time.monotonic() - sent[0] > 1.0
-    code, _, err, took, alive = omnigraph(
+    code, _, err, took, alive, _ = omnigraph(
         ["run", SYNTH, "schedule.iterations=10000", "runtime.grace_s=300", "--quiet", "--executor", "local",
          "--run-dir", str(tmp_path)],
         [(stalled(tmp_path, 1), signal.SIGTERM), (after_the_first, signal.SIGINT)], {"OMNIGRAPH_INJECT": "update@3:hang"})
@@ -143,7 +107,7 @@ def test_a_second_signal_stops_at_once(tmp_path):
 
 
 def test_the_early_warning_signal_is_configurable(tmp_path):
-    code, _, err, _, _ = omnigraph(
+    code, _, err, _, _, _ = omnigraph(
         ["run", SYNTH, "schedule.iterations=10000", "runtime.preempt_signal=USR1", "--quiet", "--executor", "local",
          "--run-dir", str(tmp_path)], [(stepped(tmp_path, 2), signal.SIGUSR1)])
     assert code == EXIT_PREEMPTED, err
@@ -154,7 +118,7 @@ class TestRequeue:
     ARGS = ["--executor", "local", "--quiet"]
 
     def preempted_run(self, tmp_path, *over) -> Path:
-        code, _, err, _, _ = omnigraph(["run", SYNTH, "schedule.iterations=10000", *over, *self.ARGS,
+        code, _, err, _, _, _ = omnigraph(["run", SYNTH, "schedule.iterations=10000", *over, *self.ARGS,
                                         "--run-dir", str(tmp_path)], [(stepped(tmp_path, 2), signal.SIGTERM)])
         assert code == EXIT_PREEMPTED, err
         (d,) = tmp_path.iterdir()
@@ -179,7 +143,7 @@ class TestRequeue:
 
         def new_run_stepping() -> bool:
             return sum(p.read_text().count("\n") for p in tmp_path.glob("*/metrics.jsonl")) >= steps + 2
-        code, _, err, _, _ = omnigraph(["run", SYNTH, "schedule.iterations=10000", *self.ARGS, "--fresh",
+        code, _, err, _, _, _ = omnigraph(["run", SYNTH, "schedule.iterations=10000", *self.ARGS, "--fresh",
                                         "--run-dir", str(tmp_path)], [(new_run_stepping, signal.SIGTERM)])
         assert code == EXIT_PREEMPTED and len(list(tmp_path.iterdir())) == 2, err
 

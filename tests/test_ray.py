@@ -7,12 +7,8 @@ process behind.
 
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -21,12 +17,12 @@ from omnigraph.executors import make_executor
 from omnigraph.runtime import run
 from omnigraph.testing import canonical_spec
 
-from conftest import GRAPHS, ROOT
+from cli_process import omnigraph
+from conftest import GRAPHS
 from test_properties import graphs
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-EXE = str(Path(sys.executable).parent / "omnigraph")
 COMPARED = ("batch", "staleness_max", "staleness_mean", "version", "weights_version", "reward_mean",
             "trained_groups", "generated_groups", "loss", "dropped")
 
@@ -75,39 +71,10 @@ def test_compiled_one_step_off_overlaps_generation_with_training(ray_session):
 
 def run_cli(args, env_extra=None, timeout=180, interrupt_when=None):
     """Run ``omnigraph``; return (code, stderr, the descendants it had that are still alive, all it had). With
-    ``interrupt_when``, SIGINT goes out as soon as ``interrupt_when()`` is true. A run still going after
-    ``timeout`` seconds, or 60 s after the SIGINT, is killed with its descendants, and the test fails."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env_extra or {})}
-    p = subprocess.Popen([EXE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen: set[int] = set()
-    start = time.monotonic()
-    proc = psutil.Process(p.pid)
-    while p.poll() is None and time.monotonic() - start < timeout:
-        try:
-            seen |= {c.pid for c in proc.children(recursive=True)}
-        except psutil.Error:
-            pass
-        if interrupt_when and interrupt_when():
-            p.send_signal(signal.SIGINT)
-            interrupt_when = None
-            timeout = min(timeout, time.monotonic() - start + 60)
-        time.sleep(0.2)
-    if p.poll() is None:
-        for pid in [p.pid, *seen]:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
-        _, err = p.communicate(timeout=60)
-        pytest.fail(f"still running after {timeout} s"
-                    f"{' and never interrupted' if interrupt_when else ''}: omnigraph {' '.join(args)}\n{err[-3000:]}")
-    out, err = p.communicate(timeout=60)
-    deadline = time.monotonic() + 15
-    alive = [pid for pid in seen if psutil.pid_exists(pid)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.5)
-        alive = [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-    return p.returncode, err, alive, seen
+    ``interrupt_when``, SIGINT goes out as soon as ``interrupt_when()`` is true; the run must end 60 s after it."""
+    code, _, err, _, alive, seen = omnigraph(args, [(interrupt_when, signal.SIGINT)] if interrupt_when else [],
+                                             env_extra, timeout, after_signal_s=60)
+    return code, err, alive, seen
 
 
 SYNTH = str(GRAPHS / "synthetic_one_step_off.yaml")
