@@ -52,8 +52,8 @@ def save(run_dir: Path, step: int, graph: str, snapshots: dict[str, bytes], coun
          keep: int) -> Path:
     root = Path(run_dir) / "checkpoints"
     root.mkdir(exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:08d}.", dir=root))
+    final = root / folder(step)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
         files = {}
         for actor, blob in snapshots.items():
@@ -102,7 +102,12 @@ def load_latest(run_dir: Path, graph: str, on_damaged=None) -> Checkpoint | None
     return None
 
 
-def newest(run_dir: Path) -> str | None:
-    """The name of the newest checkpoint folder (unverified), or None."""
+def folder(step: int) -> str:
+    """The name of the checkpoint folder of ``step``."""
+    return f"step-{step:08d}"
+
+
+def newest(run_dir: Path) -> tuple[int, str] | None:
+    """The step and folder name of the newest checkpoint (unverified), or None."""
     found = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step-*") if p.is_dir())
-    return found[-1] if found else None
+    return (int(found[-1].removeprefix("step-")), found[-1]) if found else None

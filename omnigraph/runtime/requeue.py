@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from ..errors import GraphError
+from .checkpoint import newest
 
 FREE = {"runtime.executor", "runtime.address", "runtime.run_dir"}
 """Fields a continued run may differ in (``--executor``, ``--address``, ``--run-dir``)."""
@@ -50,7 +51,7 @@ def _resumable(run_dir: Path) -> bool:
     """Unfinished, with something to continue from: a checkpoint, or a preemption on record."""
     if (run_dir / "summary.json").exists():
         return False
-    if any((run_dir / "checkpoints").glob("step-*")):
+    if newest(run_dir) is not None:
         return True
     try:
         lines = (run_dir / "restarts.jsonl").read_text().splitlines()

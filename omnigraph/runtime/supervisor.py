@@ -64,7 +64,8 @@ def run(plan, *, run_dir: str | Path | None = None, executor: str | None = None,
     try:
         rows = _supervised(plan, out, graph_id, bar, t0, restarts, resume is not None)
     except KeyboardInterrupt:                       # a second signal, or the grace period ran out
-        raise interrupt.Stopped(out, ckpt.newest(out)) from None
+        newest = ckpt.newest(out)
+        raise interrupt.Stopped(out, newest[1] if newest else None) from None
     wall = time.perf_counter() - t0
     result = summary(plan, rows, wall, out)
     result["restarts"] = restarts
@@ -98,9 +99,10 @@ def _supervised(plan, out: Path, graph_id: str, bar, t0: float, restarts: list, 
 
 def _preempted(out: Path, plan, step: int | None) -> interrupt.Preempted:
     """The stop request honoured: logged in ``restarts.jsonl``, for the message and for the next start."""
-    name = ckpt.newest(out)
-    if step is None and name is not None:
-        step = int(name.removeprefix("step-"))
+    newest = ckpt.newest(out)
+    name = newest[1] if newest else None
+    if step is None and newest is not None:
+        step = newest[0]
     append(out, "restarts", {"event": "preempted", "signal": interrupt.requested(), "step": step, "checkpoint": name})
     return interrupt.Preempted(interrupt.requested() or "a signal", out, step, name, plan.steps)
 
@@ -168,7 +170,7 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
                 bar.status(f"checkpoint after step {result.step}")
                 ckpt.save(out, result.step, graph_id, ex.snapshot(), dict(files.counts), spec.checkpoint.keep)
         if interrupt.requested() and (done if done is not None else start - 1) < plan.steps - 1:
-            if done is not None and ckpt.newest(out) != f"step-{done:08d}":     # nothing in flight now
+            if done is not None and (ckpt.newest(out) or (None,))[0] != done:     # nothing in flight now
                 bar.status(f"checkpoint after step {done} ({interrupt.requested()})")
                 ckpt.save(out, done, graph_id, ex.snapshot(), dict(files.counts), spec.checkpoint.keep)
             raise _preempted(out, plan, done)
