@@ -17,6 +17,18 @@ is left empty, so the model's ``load_weights`` cannot write into it. Two ways in
   is rebuilt; the repack is the one pass that cannot be avoided while vLLM computes with packed weights
   (it generated 9-28% faster with them than with plain ``F.linear`` weights on this CPU).
 
+- ``direct`` (every load after the first, where it could be proven): each repacked layer is repacked
+  straight from the received tensors, with no copy before it. The first load learns, for each such layer,
+  which received tensors its checkpoint-format weight is made of, in which order (the model's
+  ``packed_modules_mapping``: ``qkv_proj`` from ``q_proj``, ``k_proj``, ``v_proj``), and checks it: the
+  concatenation must equal what vLLM's own loader wrote; every other parameter must be one received tensor
+  of its own name and value, and every received tensor must be used. Where the received tensors of a fused
+  layer lie one after the other in one buffer (a :class:`~omnigraph.transports.pack.TensorPack` packed in the
+  trainer's order, as the ``shm`` path delivers it), the repack reads that span of the mapped file as it is;
+  otherwise they are concatenated first. The layers are repacked by two threads (oneDNN releases the GIL).
+  The checkpoint-format copies the ``in place`` path keeps are then freed (the model's linear weights once
+  more in RAM). Anything the check cannot prove keeps the ``in place`` path.
+
 Either way a tied output head is tied to the embeddings again and re-processed (``reload_weights``
 replaces the embedding's parameter; without the re-tie logprobs were off by up to ~1.0).
 """
@@ -25,14 +37,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from safetensors.torch import load, load_file, save_file
+
+log = logging.getLogger(__name__)
 
 
 def shm_dir() -> Path:
@@ -99,14 +115,20 @@ class WeightLoader:
         model = self.model_runner.get_model()
         self._omnigraph_check_complete(tensors)
         kept = getattr(self, "_omnigraph_packed", None)
-        if kept is None or not self._omnigraph_in_place(model, tensors, kept):
+        direct = getattr(self, "_omnigraph_direct", None)
+        if direct is not None and direct.load(tensors):
+            how = "direct"
+        elif kept is not None and self._omnigraph_in_place(model, tensors, kept):
+            how = "in place"
+        else:
             how = "reload"
             kept = {} if self._omnigraph_can_keep() else None
             with _keeping_packed_params(kept) if kept is not None else contextlib.nullcontext():
                 self.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
             self._omnigraph_packed = kept
-        else:
-            how = "in place"
+            self._omnigraph_direct = Direct.learn(model, tensors, kept, self._omnigraph_tied()) if kept else None
+            if self._omnigraph_direct is not None:
+                self._omnigraph_packed = None        # the direct path needs no checkpoint-format copies
         self._omnigraph_retie(model)
         return {"how": how, "decode_s": t1 - t0, "load_s": time.perf_counter() - t1}
 
@@ -154,14 +176,128 @@ class WeightLoader:
         return True
 
     def _omnigraph_retie(self, model) -> None:
-        config = self.vllm_config.model_config.hf_text_config
-        if getattr(config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
-            head = getattr(model.lm_head, "base_layer", model.lm_head)
+        """The output head after new weights: tied to the embeddings again where the model ties them, and
+        processed again either way (on CPU its weight is also held in a blocked copy made from it)."""
+        if not hasattr(model, "lm_head"):
+            return
+        head = getattr(model.lm_head, "base_layer", model.lm_head)
+        if self._omnigraph_tied():
             embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else \
                 model.model.embed_tokens
             embed = getattr(embed, "base_layer", embed)
             head.weight = embed.weight
-            head.quant_method.process_weights_after_loading(head)
+        head.quant_method.process_weights_after_loading(head)
+
+    def _omnigraph_tied(self) -> bool:
+        return bool(getattr(self.vllm_config.model_config.hf_text_config, "tie_word_embeddings", False))
+
+
+class Direct:
+    """The ``direct`` path (module docstring): how each parameter of the engine is made from the received
+    tensors, learned and checked on a load that went through vLLM's loader."""
+
+    THREADS = 2
+
+    def __init__(self, linear: list, plain: list, names: dict[str, tuple[int, ...]]):
+        self.linear = linear        # (layer, weight source names, bias source names or None, dtype)
+        self.plain = plain          # (parameter, source name)
+        self.names = names          # every received name it uses -> its shape
+        threads = min(self.THREADS, len(os.sched_getaffinity(0)))
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="omnigraph-repack") if threads > 1 else None
+
+    @classmethod
+    @torch.no_grad()
+    def learn(cls, model, tensors, kept: dict, tied: bool) -> "Direct | None":
+        """The plan for ``model`` right after ``tensors`` were loaded into it (``kept``: each repacked layer's
+        checkpoint-format weight; ``tied``: the output head shares the embeddings), or None where any part of
+        it does not check out."""
+        mapping = getattr(model, "packed_modules_mapping", None) or {}
+        module_names = {m: n for n, m in model.named_modules()}
+        # a tied model's loader skips a received head (the head is the embeddings): so does the plan
+        tied = _tied(model) | {n for n in tensors if n.startswith("lm_head.")} if tied else set()
+        linear, covered = [], set()
+        used: dict[str, tuple[int, ...]] = {}
+        for layer, weight in kept.items():
+            name = module_names.get(layer)
+            if name is None or "." not in name:
+                return _unproven(f"layer {name!r} is not a named submodule")
+            prefix, short = name.rsplit(".", 1)
+            parts = [f"{prefix}.{p}" for p in mapping.get(short, [short])]
+            srcs = [f"{p}.weight" for p in parts]
+            if not all(n in tensors for n in srcs) or \
+                    not torch.equal(weight, torch.cat([tensors[n] for n in srcs]).to(weight.dtype)):
+                return _unproven(f"{name}: its weight is not the concatenation of {srcs}")
+            bias = None
+            if getattr(layer, "bias", None) is not None:
+                bias = [f"{p}.bias" for p in parts]
+                if not all(n in tensors for n in bias) or \
+                        not torch.equal(layer.bias, torch.cat([tensors[n] for n in bias]).to(layer.bias.dtype)):
+                    return _unproven(f"{name}: its bias is not the concatenation of {bias}")
+                covered.add(f"{name}.bias")
+            linear.append((layer, srcs, bias, weight.dtype))
+            covered.add(f"{name}.weight")
+            used |= {n: tuple(tensors[n].shape) for n in srcs + (bias or [])}
+        plain = []
+        for name, param in model.named_parameters():
+            if name in covered or name in tied:
+                continue
+            src = tensors.get(name)
+            # vLLM pads the vocabulary of its embeddings: the received rows go first, the padding stays
+            if src is None or src.dim() != param.dim() or src.shape[1:] != param.shape[1:] or \
+                    src.shape[0] > param.shape[0] or not torch.equal(param[:src.shape[0]], src.to(param.dtype)):
+                return _unproven(f"parameter {name!r} is not the received tensor of its name")
+            plain.append((param[:src.shape[0]], name))
+            used[name] = tuple(src.shape)
+        if set(tensors) - set(used) - tied:       # a received tensor the plan would drop
+            return _unproven(f"received tensors it would not use: {sorted(set(tensors) - set(used) - tied)[:3]}")
+        return cls(linear, plain, used)
+
+    @torch.no_grad()
+    def load(self, tensors) -> bool:
+        """Write ``tensors`` into the engine by the plan; False (nothing written) when they do not fit it."""
+        if any(tuple(tensors[n].shape) != s if n in tensors else True for n, s in self.names.items()):
+            return False
+        dst = [p for p, _ in self.plain]
+        torch._foreach_copy_(dst, [tensors[n] for _, n in self.plain])
+        jobs = [(layer, _joined([tensors[n] for n in srcs], dtype),
+                 None if bias is None else torch.cat([tensors[n] for n in bias]))
+                for layer, srcs, bias, dtype in self.linear]
+        if self.pool is None:
+            for job in jobs:
+                _repack(*job)
+        else:
+            list(self.pool.map(lambda job: _repack(*job), jobs))
+        return True
+
+
+def _unproven(reason: str) -> None:
+    log.info("vLLM weights: the direct path is not used (%s); later loads go in place", reason)
+    return None
+
+
+def _joined(parts: list, dtype) -> torch.Tensor:
+    """The row-wise concatenation of ``parts`` in ``dtype``: a view where they lie one after the other in one
+    buffer (a received pack), else a new tensor."""
+    first = parts[0]
+    step = first.element_size()
+    adjacent = all(p.dtype == dtype and p.is_contiguous() and p.dim() == 2 and p.shape[1] == first.shape[1]
+                   for p in parts) and all(
+        b.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        and b.data_ptr() == a.data_ptr() + a.numel() * step for a, b in zip(parts, parts[1:]))
+    if not adjacent:
+        return torch.cat(parts).to(dtype)
+    rows = sum(p.shape[0] for p in parts)
+    return torch.empty(0, dtype=dtype).set_(first.untyped_storage(), first.storage_offset(), (rows, first.shape[1]))
+
+
+def _repack(layer, weight: torch.Tensor, bias) -> None:
+    """Repack ``layer`` from ``weight`` (vLLM's CPU dispatch copies it into its own blocked layout and leaves
+    ``layer.weight`` empty again)."""
+    from vllm.model_executor.layers import utils
+    if bias is not None:
+        layer.bias.copy_(bias)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
 
 
 def _tied(model) -> set[str]:

@@ -106,48 +106,87 @@ def perturb(model, scale, only=None):
                 p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
-def test_full_weight_update_matches_transformers():
+def forget_kept_weights(gen):
+    """Make the engine's next full load go through ``reload_weights`` again (it then learns its paths anew)."""
+    def forget(wrapper):
+        worker = getattr(wrapper, "worker", wrapper)         # vLLM hands callables its worker's wrapper
+        worker._omnigraph_packed = worker._omnigraph_direct = None
+    gen.llm.collective_rpc(forget)
+
+
+def test_full_weight_update_matches_transformers(monkeypatch):
+    from nodes import vllm_weights
     spec, sync, gen = make(["nodes.generate.temperature=0.7", "nodes.generate.max_new_tokens=12"])
     try:
         pol = sync.policy
         # the engine starts from the same checkpoint as the trainer
         before = check_against_trainer(gen, pol, 0.7)
+        # the "in place" path, as where the direct one cannot be proven
+        with monkeypatch.context() as m:
+            m.setattr(vllm_weights.Direct, "learn", classmethod(lambda cls, *args: None))
+            perturb(pol.model, 0.05)
+            gen.load_weights(export(spec, sync, 1))
+            assert gen.version == 1
+            assert gen.ctx.metrics["weights_in_place"] == 0.0   # the first load goes through reload_weights
+            after = check_against_trainer(gen, pol, 0.7)
+            # the update changed what the engine computes (same seed, same prompts)
+            assert not torch.equal(before["logprob"], after["logprob"])
+            perturb(pol.model, 0.05)
+            gen.load_weights(export(spec, sync, 2))
+            assert (gen.ctx.metrics["weights_in_place"], gen.ctx.metrics["weights_direct"]) == (1.0, 0.0)
+            # a second update: the prefix cache of the first must not be reused
+            check_against_trainer(gen, pol, 0.7)
+        # the "direct" path: learned on a reload, then every load repacks from the received tensors
+        forget_kept_weights(gen)
         perturb(pol.model, 0.05)
-        w = export(spec, sync, 1)
-        gen.load_weights(w)
-        assert gen.version == 1
-        assert gen.ctx.metrics["weights_in_place"] == 0.0       # the first load goes through reload_weights
-        after = check_against_trainer(gen, pol, 0.7)
-        # the update changed what the engine computes (same seed, same prompts)
-        assert not torch.equal(before["logprob"], after["logprob"])
-        # a second update: the prefix cache of the first must not be reused
+        gen.load_weights(export(spec, sync, 3))
+        assert (gen.ctx.metrics["weights_in_place"], gen.ctx.metrics["weights_direct"]) == (0.0, 0.0)
+        check_against_trainer(gen, pol, 0.7)
         perturb(pol.model, 0.05)
-        gen.load_weights(export(spec, sync, 2))
-        assert gen.ctx.metrics["weights_in_place"] == 1.0       # later ones write into the engine's parameters
+        gen.load_weights(export(spec, sync, 4))
+        assert (gen.ctx.metrics["weights_in_place"], gen.ctx.metrics["weights_direct"]) == (1.0, 1.0)
         check_against_trainer(gen, pol, 0.7)
         # a payload without the tied head (as checkpoints of tied models are saved): the
         # head must follow the new embeddings
         perturb(pol.model, 0.05)
-        w = export(spec, sync, 3)
+        w = export(spec, sync, 5)
         w.tensors = {k: v for k, v in w.tensors.items() if k != "lm_head.weight"}
         gen.load_weights(w)
-        assert gen.ctx.metrics["weights_in_place"] == 1.0
+        assert gen.ctx.metrics["weights_direct"] == 1.0
         check_against_trainer(gen, pol, 0.7)
         # a payload without one linear layer is refused before anything is written (in place it would
-        # have kept serving the layer's old weights); the engine still serves version 3
+        # have kept serving the layer's old weights); the engine still serves version 5
         served = gen.sample([gen.encode(Prompt(t)) for t in TEXTS], 1, greedy=False, seed=5)["logprob"]
         perturb(pol.model, 0.05)
-        w = export(spec, sync, 4)
+        w = export(spec, sync, 6)
         w.tensors = {k: v for k, v in w.tensors.items() if k != "model.layers.0.mlp.down_proj.weight"}
         with pytest.raises(Exception, match="lack 1 of the model's .* tensors \\(model.layers.0.mlp.down_proj.weight\\)"):
             gen.load_weights(w)
-        assert gen.version == 3
+        assert gen.version == 5
         assert torch.equal(gen.sample([gen.encode(Prompt(t)) for t in TEXTS], 1, greedy=False, seed=5)["logprob"], served)
-        gen.load_weights(export(spec, sync, 4))
-        assert gen.ctx.metrics["weights_in_place"] == 1.0
+        # a pack as the shm path delivers it: fused layers' parts adjacent, repacked from the mapped bytes
+        from omnigraph.transports.pack import TensorPack
+        w = export(spec, sync, 6)
+        w.tensors = TensorPack.pack(w.tensors)
+        gen.load_weights(w)
+        assert gen.ctx.metrics["weights_direct"] == 1.0
         check_against_trainer(gen, pol, 0.7)
     finally:
         shutdown(gen)
+
+
+def test_direct_repack_reads_adjacent_parts_of_a_pack_as_they_are():
+    from nodes.vllm_weights import _joined
+    from omnigraph.transports.pack import TensorPack
+    q, k, v = torch.randn(4, 3), torch.randn(2, 3), torch.randn(2, 3)
+    pack = TensorPack.pack({"q": q, "k": k, "v": v})
+    joined = _joined([pack["q"], pack["k"], pack["v"]], torch.float32)
+    assert torch.equal(joined, torch.cat([q, k, v]))
+    assert joined.data_ptr() == pack["q"].data_ptr()          # a view of the pack: no copy
+    apart = _joined([pack["v"], pack["q"]], torch.float32)    # not in the pack's order: concatenated
+    assert torch.equal(apart, torch.cat([v, q])) and apart.data_ptr() != pack["v"].data_ptr()
+    cast = _joined([pack["q"], pack["k"]], torch.bfloat16)    # another dtype: a new tensor of that dtype
+    assert cast.dtype == torch.bfloat16 and torch.equal(cast, torch.cat([q, k]).bfloat16())
 
 
 def test_lora_update_matches_transformers_and_peft():
