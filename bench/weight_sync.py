@@ -105,6 +105,7 @@ def run_case(overrides: list[str], repeats: int) -> tuple[dict, dict]:
     med = {k: statistics.median(r[k] for r in rows[warmups:]) for k in rows[0]}
     med["first_sync_s"] = rows[0]["sync_s"]
     med["in_place"] = ctx.metrics.get("weights_in_place", 0.0)
+    med["direct"] = ctx.metrics.get("weights_direct", 0.0)
     # own tensors: views of one flat buffer would each pickle the whole buffer
     state = {k: v.clone() for k, v in transport.export(sync.state(), 0).tensors.items()}
     from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
@@ -173,7 +174,7 @@ def main() -> int:
         "channel_fraction_of_memcpy": round(channel_gb_s / memcpy, 3),
         "channel_parts_s": {k: round(channel[k], 4) for k in ("full_s", "small_s", "touch_s")},
         "full_parts_s": {k: round(full[k], 4) for k in ("export_s", "handover_s", "load_s", "engine_load_s")},
-        "full_first_sync_s": round(full["first_sync_s"], 4), "full_in_place": full["in_place"],
+        "full_first_sync_s": round(full["first_sync_s"], 4), "full_in_place": full["in_place"], "full_direct": full["direct"],
         "warmups": KEEP + 1,
         "dtype": args.dtype, "load_avg": round(load, 2)}, args)
     return 0

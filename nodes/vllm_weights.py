@@ -25,7 +25,8 @@ is left empty, so the model's ``load_weights`` cannot write into it. Two ways in
   of its own name and value, and every received tensor must be used. Where the received tensors of a fused
   layer lie one after the other in one buffer (a :class:`~omnigraph.transports.pack.TensorPack` packed in the
   trainer's order, as the ``shm`` path delivers it), the repack reads that span of the mapped file as it is;
-  otherwise they are concatenated first. The layers are repacked by two threads (oneDNN releases the GIL).
+  otherwise they are concatenated first. One thread repacks (two took as long here, and the OpenMP
+  teams they leave spinning slowed the trainer's next export by 2x).
   The checkpoint-format copies the ``in place`` path keeps are then freed (the model's linear weights once
   more in RAM). Anything the check cannot prove keeps the ``in place`` path.
 
@@ -42,7 +43,6 @@ import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -196,14 +196,10 @@ class Direct:
     """The ``direct`` path (module docstring): how each parameter of the engine is made from the received
     tensors, learned and checked on a load that went through vLLM's loader."""
 
-    THREADS = 2
-
     def __init__(self, linear: list, plain: list, names: dict[str, tuple[int, ...]]):
         self.linear = linear        # (layer, weight source names, bias source names or None, dtype)
         self.plain = plain          # (parameter, source name)
         self.names = names          # every received name it uses -> its shape
-        threads = min(self.THREADS, len(os.sched_getaffinity(0)))
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="omnigraph-repack") if threads > 1 else None
 
     @classmethod
     @torch.no_grad()
@@ -259,14 +255,9 @@ class Direct:
             return False
         dst = [p for p, _ in self.plain]
         torch._foreach_copy_(dst, [tensors[n] for _, n in self.plain])
-        jobs = [(layer, _joined([tensors[n] for n in srcs], dtype),
-                 None if bias is None else torch.cat([tensors[n] for n in bias]))
-                for layer, srcs, bias, dtype in self.linear]
-        if self.pool is None:
-            for job in jobs:
-                _repack(*job)
-        else:
-            list(self.pool.map(lambda job: _repack(*job), jobs))
+        for layer, srcs, bias, dtype in self.linear:
+            _repack(layer, _joined([tensors[n] for n in srcs], dtype),
+                    None if bias is None else torch.cat([tensors[n] for n in bias]))
         return True
 
 
