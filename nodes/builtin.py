@@ -203,3 +203,48 @@ UPDATE_SYNTHETIC = Backend("update", "nodes.synthetic:Update", doc="stand-in wor
 SYNC_TORCH = Backend("sync", "nodes.sync:Sync", uses_model=True, check=_torch_sync,
                      doc="full weights or LoRA adapter tensors")
 SYNC_SYNTHETIC = Backend("sync", "nodes.synthetic:Sync", doc="the version only")
+
+
+def _flow_generator(node, options, spec) -> list:
+    out = []
+    if options.eval_every:
+        out.append(ConfigError("the flow generator has no greedy evaluation", where=f"nodes.{node}.eval_every",
+                               fix="set eval_every: 0 (the reward of every batch is logged)"))
+    if options.env is not None or options.partial is not None:
+        field = "env" if options.env is not None else "partial"
+        out.append(ConfigError(f"{field} is for token generators; the flow generator samples whole images",
+                               where=f"nodes.{node}.{field}", fix=f"remove {field}, or use backend: hf or vllm"))
+    bad = sorted(set(options.options) - {"steps", "noise_level", "shift"})
+    if bad:
+        out.append(ConfigError(f"unknown flow generator option {bad[0]}", where=f"nodes.{node}.options.{bad[0]}",
+                               fix="use steps, noise_level or shift"))
+    return out
+
+
+def _image_reward(node, options, spec) -> list:
+    if options.fn is None or options.model is not None:
+        return [ConfigError("backend image scores images with fn(images, prompts)", where=f"nodes.{node}.fn",
+                            fix="set fn: nodes.flow_nodes:centred (or your own module:function)")]
+    return _resolves(node, options.fn, "fn")
+
+
+def _flow_update(node, options, spec) -> list:
+    bad = sorted(set(options.options) - {"timestep_fraction", "adv_clip"})
+    if bad:
+        return [ConfigError(f"unknown flow update option {bad[0]}", where=f"nodes.{node}.options.{bad[0]}",
+                            fix="use timestep_fraction or adv_clip")]
+    if options.lora is not None:
+        return [ConfigError("the flow update trains all weights (no LoRA for the image model yet)",
+                            where=f"nodes.{node}.lora", fix="remove lora")]
+    return []
+
+
+GENERATE_FLOW = Backend("generate", "nodes.flow_nodes:Generate", uses_model=True, check=_flow_generator,
+                        doc="a flow-matching image model sampled with FlowGRPO's SDE, per-step logprobs")
+REWARD_IMAGE = Backend("reward", "nodes.flow_nodes:ImageReward", check=_image_reward,
+                       doc="fn(images, prompts) on the final images, GRPO advantages")
+OLD_LOGPROB_FLOW = Backend("old_logprob", "nodes.flow_nodes:Logprob", uses_model=True,
+                           doc="the sampled transitions' logprobs under the trainer's weights")
+UPDATE_FLOW = Backend("update", "nodes.flow_nodes:Update", uses_model=True, check=_flow_update,
+                      doc="FlowGRPO: PPO-clip over a subset of the denoising steps, AdamW")
+SYNC_FLOW = Backend("sync", "nodes.flow_nodes:Sync", uses_model=True, doc="the image model's full weights")
