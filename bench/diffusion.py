@@ -11,8 +11,8 @@ other:
 
 Figures (last JSON line): ``s_per_step_sync_separate`` and ``s_per_step_async`` (steady state: the median
 step time after the first steps, from each run's ``summary.json``), ``speedup`` (their ratio),
-``ideal_speedup`` (the sync row's serial step time over its busier pool's share: what perfect overlap
-would give), ``reward_first`` / ``reward_last`` (the async row's first and last training reward, means of
+``ideal_speedup`` (the async row's pools' busy time per step, summed, over the busier pool's: what
+perfect overlap of its work would give; the measured ``speedup`` also gains from syncing every 4th step), ``reward_first`` / ``reward_last`` (the async row's first and last training reward, means of
 5 steps) beside the sync row's, and ``ratio_max_abs_dev_on_policy``: the largest ``|exp(trainer logprob -
 sampler logprob) - 1|`` over every trained transition of the sync row (staleness 0: the same weights on
 both sides, so 1 up to float order).
@@ -86,8 +86,8 @@ def main() -> int:
                 src = Path(s["run_dir"]) / pic
                 if src.exists():
                     (kept / f"{name}_{pic}").write_bytes(src.read_bytes())
-    rollout = sum(med(sync_rows, f"timing_s/{n}") for n in ROLLOUT)
-    trainer = sum(med(sync_rows, f"timing_s/{n}") for n in TRAINER) + med(sync_rows, "timing_s/sync") / 4
+    rollout = sum(med(async_rows, f"timing_s/{n}") for n in ROLLOUT)
+    trainer = sum(med(async_rows, f"timing_s/{n}") for n in TRAINER) + med(async_rows, "timing_s/sync") / 4
     first, last = rewards(async_rows)
     sync_first, sync_last = rewards(sync_rows)
     dev = max(r["behav_ratio_dev_max"] for r in sync_rows if "behav_ratio_dev_max" in r)

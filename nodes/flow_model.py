@@ -13,10 +13,13 @@ The folder holds ``config.json`` (``architectures: ["OmnigraphVelocityNet"]`` an
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
 import torch
+
+from omnigraph.sdk import ConfigError
 
 from nodes import models
 from nodes.flow import VelocityNet
@@ -80,14 +83,12 @@ def save(net: VelocityNet, target: Path) -> None:
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps({"architectures": [ARCH], "image_size": IMAGE, **net.config}))
     if target.exists():
-        import shutil
         shutil.rmtree(target)
     tmp.rename(target)
 
 
 def load(path: Path, device: str = "cpu") -> tuple[VelocityNet, dict]:
     """(net, config) from a folder :func:`save` wrote; a clear error for any other folder."""
-    from omnigraph.sdk import ConfigError
     from safetensors.torch import load_file
     cfg_path = Path(path) / "config.json"
     try:

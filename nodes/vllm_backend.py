@@ -40,6 +40,7 @@ New weights are loaded in place, without restarting the engine:
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import shutil
@@ -110,7 +111,6 @@ def keep_freed_memory() -> bool:
     0.11 s to repack in the engine against 9 ms into memory freed a moment before (``bench/weight_sync.py``).
     So: no ``mmap`` for large blocks and no trimming of the heap; the old buffers' pages serve the new ones.
     The process keeps its peak footprint (as a caching allocator would). True when it applied."""
-    import ctypes
     try:
         libc = ctypes.CDLL("libc.so.6")
         M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4

@@ -17,8 +17,8 @@ edges:
   old_logprob.batch -> update.batch        Batch    delay 0
   update.weights -> sync.weights           Weights  delay 0
   sync.weights -> generate.weights         Weights  delay 1
-actors (tasks in order):
-  rollout.0    cpus=1 gpus=0    generate -> reward -> apply sync->generate.weights
+actors (tasks in order; [-> actor]: its output leaves for that actor as the task ends):
+  rollout.0    cpus=1 gpus=0    generate -> reward [-> trainer.0] -> apply sync->generate.weights
   trainer.0    cpus=1 gpus=0    old_logprob -> update -> export sync -> stash reward->old_logprob.batch
 channels:
   rollout.0:generate.rollout -> rollout.0:reward.rollout  local

@@ -18,6 +18,7 @@ from ..validate import resolve
 from ..yamlio import apply_override, load_file, validate_raw
 from .lower import lower
 from .plan import Plan
+from .order import queued_transfers
 from .predict import idle_warnings
 
 
@@ -43,6 +44,7 @@ def compile(source, *, cluster: dict[str, float] | None = None,
         graph.warnings.append(f"{msg}: on_stale {s.on_stale} will {what}")
     plan = lower(graph, report, timings)
     plan.warnings.extend(idle_warnings(plan))
+    plan.warnings.extend(queued_transfers(plan))
     return plan
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..schedule import Firing
 from ..staleness import hyperperiod
+from .order import senders
 
 
 def format_plan(plan) -> str:
@@ -30,10 +31,13 @@ def format_plan(plan) -> str:
         if len(srcs) > 1:
             out.append(f"  join {node}.{port} <- {', '.join(srcs)}: the same batch from each, fields merged, "
                        "the oldest version counts")
-    out.append("actors (tasks in order):")
+    out.append("actors (tasks in order; [-> actor]: its output leaves for that actor as the task ends):")
+    sends = senders(plan)
     for name, a in plan.actors.items():
         res = f"cpus={a.cpus:g} gpus={a.gpus:g}"
-        tasks = " -> ".join(t.label for t in plan.order[name]) or "(idle)"
+        mine = sends.get(name, {})
+        tasks = " -> ".join(t.label + (f" [-> {', '.join(mine[t.node])}]" if t.op == "run" and t.node in mine else "")
+                            for t in plan.order[name]) or "(idle)"
         out.append(f"  {name:<12} {res:<16} {tasks}")
     out.append("channels:")
     for c in plan.channels:
