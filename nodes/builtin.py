@@ -233,9 +233,6 @@ def _flow_update(node, options, spec) -> list:
     if bad:
         return [ConfigError(f"unknown flow update option {bad[0]}", where=f"nodes.{node}.options.{bad[0]}",
                             fix="use timestep_fraction or adv_clip")]
-    if options.lora is not None:
-        return [ConfigError("the flow update trains all weights (no LoRA for the image model yet)",
-                            where=f"nodes.{node}.lora", fix="remove lora")]
     return []
 
 
@@ -247,4 +244,5 @@ OLD_LOGPROB_FLOW = Backend("old_logprob", "nodes.flow_nodes:Logprob", uses_model
                            doc="the sampled transitions' logprobs under the trainer's weights")
 UPDATE_FLOW = Backend("update", "nodes.flow_nodes:Update", uses_model=True, check=_flow_update,
                       doc="FlowGRPO: PPO-clip over a subset of the denoising steps, AdamW")
-SYNC_FLOW = Backend("sync", "nodes.flow_nodes:Sync", uses_model=True, doc="the image model's full weights")
+SYNC_FLOW = Backend("sync", "nodes.flow_nodes:Sync", uses_model=True, check=_torch_sync,
+                    doc="the image model's full weights or LoRA adapter tensors")

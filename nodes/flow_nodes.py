@@ -6,7 +6,9 @@
 advantages; ``old_logprob`` recomputes the transitions' log-probabilities under the trainer's current
 weights, fused into the update's own forward (one optimizer step per batch); ``update`` is PPO-clip over denoising steps, a seeded subset of ``timestep_fraction`` of them per
 update (FlowGRPO's), with the decoupled correction ``min(exp(old - behaviour), is_cap)`` for stale samples;
-``sync`` hands the trainer's weights to the generators, as for language models.
+``sync`` hands the trainer's weights to the generators, as for language models: all of them, or only LoRA
+adapters (``lora: {r, alpha, target_modules}`` on the update, on the net's Conv2d and Linear layers by name,
+e.g. ``[conv1, conv2]``, with ``sync: {payload: lora}``).
 
 Options (the node's ``options:``): on ``generate``, ``steps`` (10), ``noise_level`` (0.7), ``shift`` (1.0);
 on ``update``, ``timestep_fraction`` (0.6) and ``adv_clip`` (5.0). The sampler's settings travel with
@@ -15,14 +17,15 @@ each batch (``meta``), so the trainer always scores the transitions the way they
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
 import torch
 
-from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights, WeightsState, load
+from omnigraph.sdk import ConfigError, NodeContext, Prompt, SampleBatch, Weights, WeightsState, load
 
-from nodes import flow, flow_model
+from nodes import flow, flow_model, models
 from nodes.policy import micro
 from nodes.scorer import grpo_advantages
 
@@ -31,16 +34,34 @@ def _opt(ctx: NodeContext, name: str, default):
     return type(default)(ctx.options.options.get(name, default))
 
 
+def with_lora(net, lora):
+    """``net`` with peft LoRA adapters on ``lora.target_modules`` (its Conv2d and Linear layers by name, e.g.
+    ``conv1``, ``conv2``, ``emb``); a clear error when they name nothing in the model."""
+    if lora is None:
+        return net
+    try:
+        return models.with_lora(net, lora)
+    except ValueError as e:
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in net.named_modules()
+                        if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))})
+        raise ConfigError(f"LoRA target_modules {list(lora.target_modules)} do not fit the image model ({e})",
+                          where="nodes.update.lora.target_modules",
+                          fix=f"name some of its layers: {', '.join(names)}") from None
+
+
 class FlowPolicy:
-    """The trainer's image model and its optimizer, shared by the nodes of one actor."""
+    """The trainer's image model (LoRA-wrapped when the update trains adapters) and its optimizer, shared by
+    the nodes of one actor."""
 
     def __init__(self, ctx: NodeContext):
         torch.manual_seed(ctx.seed)
         self.device = torch.device(ctx.device)
-        self.net, self.config = flow_model.load(ctx.model.dir, ctx.device)
+        net, self.config = flow_model.load(ctx.model.dir, ctx.device)
+        self.lora = ctx.policy.lora
+        self.net = with_lora(net, self.lora)
         self.net.train()
-        self.opt = torch.optim.AdamW(self.net.parameters(), lr=ctx.policy.lr, weight_decay=ctx.policy.weight_decay)
-        self._state = None
+        params = [p for p in self.net.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=ctx.policy.lr, weight_decay=ctx.policy.weight_decay)
 
     @staticmethod
     def of(ctx: NodeContext) -> "FlowPolicy":
@@ -59,8 +80,8 @@ class Generate:
 
     def __init__(self, ctx: NodeContext):
         self.ctx = ctx
-        self.net, self.config = flow_model.load(ctx.model.dir, ctx.device)
-        self.net.eval()
+        net, self.config = flow_model.load(ctx.model.dir, ctx.device)
+        self.net = with_lora(net, ctx.policy.lora).eval()       # adapters the trainer's, loaded at each sync
         self.steps = _opt(ctx, "steps", 10)
         self.noise_level = _opt(ctx, "noise_level", 0.7)
         self.ts = flow.timesteps(self.steps, _opt(ctx, "shift", 1.0))
@@ -69,7 +90,12 @@ class Generate:
 
     def load_weights(self, weights: Weights) -> None:
         if weights.tensors is not None and not weights.loaded:
-            self.net.load_state_dict({k: v.float() for k, v in weights.tensors.items()})
+            tensors = {k: v.float() for k, v in weights.tensors.items()}
+            if weights.payload == "lora":
+                from peft import set_peft_model_state_dict
+                set_peft_model_state_dict(self.net, tensors)
+            else:
+                self.net.load_state_dict(tensors)
         self.version = weights.version
 
     def generate(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
@@ -206,7 +232,7 @@ class Update:
             stats["loss"].append(float(loss.detach()))
             stats["is_max"].append(float(is_w.max()))
         self.ctx.fault("after_backward")
-        gn = torch.nn.utils.clip_grad_norm_(pol.net.parameters(), s.max_grad_norm)
+        gn = torch.nn.utils.clip_grad_norm_([p for p in pol.net.parameters() if p.requires_grad], s.max_grad_norm)
         pol.opt.step()
         self.ctx.log(behav_ratio_dev_max=max(stats["behav_dev"]), clip_frac=sum(stats["clip_frac"]) / len(stats["clip_frac"]),
                      loss=sum(stats["loss"]), is_max=max(stats["is_max"]), grad_norm=float(gn), timesteps_trained=k)
@@ -219,22 +245,39 @@ class Update:
         self.policy.opt.load_state_dict(state["opt"])
 
     def save(self, run_dir: str) -> None:
-        """The final weights in ``run_dir/final`` (loadable with ``nodes.flow_model.load``)."""
-        if self.ctx.rank == 0:
-            flow_model.save(self.policy.net, Path(run_dir) / "final")
+        """The final weights in ``run_dir/final`` (loadable with ``nodes.flow_model.load``; with LoRA merged, and
+        the adapter tensors in ``final/adapter``)."""
+        if self.ctx.rank != 0:
+            return
+        net, out = self.policy.net, Path(run_dir) / "final"
+        if self.policy.lora is None:
+            flow_model.save(net, out)
+            return
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+        flow_model.save(copy.deepcopy(net).merge_and_unload(), out)        # the merged model, then its adapter
+        (out / "adapter").mkdir()
+        save_file({k: v.contiguous() for k, v in get_peft_model_state_dict(net).items()},
+                  str(out / "adapter" / "adapter.safetensors"))
 
 
 class Sync:
-    """``sync`` backend ``flow``: the trainer's full weights (the same mapping while the tensors are the same)."""
+    """``sync`` backend ``flow``: the trainer's full weights, or its LoRA adapter tensors (``payload: lora``);
+    the same mapping while the tensors are the same."""
 
     def __init__(self, ctx: NodeContext):
         self.policy = FlowPolicy.of(ctx)
+        self.payload = ctx.options.payload
         self._tensors = None
 
     def state(self) -> WeightsState:
         if self._tensors is None:
-            self._tensors = self.policy.net.state_dict()
-        return WeightsState(self._tensors, "full", None)
+            if self.payload == "lora":
+                from peft import get_peft_model_state_dict
+                self._tensors = get_peft_model_state_dict(self.policy.net)
+            else:
+                self._tensors = self.policy.net.state_dict()
+        return WeightsState(self._tensors, self.payload, None)
 
 
 class CentredDiscs:

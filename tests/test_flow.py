@@ -88,6 +88,38 @@ def test_generate_score_update_sync_round_trip_on_the_embedded_model(tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {"samples_first.png", "samples_last.png"}
 
 
+LORA = ["nodes.update.lora={r: 4, alpha: 8, target_modules: [conv1, conv2]}", "nodes.sync.payload=lora"]
+
+
+def test_lora_adapters_train_and_reach_the_generator_alone(tmp_path):
+    spec = og.load(SYNC, ["task.prompts=2", "task.samples_per_prompt=4", *LORA])
+    gen, _ = build_node(spec, "generate")
+    shared: dict = {}
+    reward, _ = build_node(spec, "reward")
+    upd, _ = build_node(spec, "update", shared=shared)
+    sync, _ = build_node(spec, "sync", shared=shared)
+    base = {k: v.clone() for k, v in upd.policy.net.state_dict().items() if "lora_" not in k}
+    batch = reward.score(0, gen.generate(0, prompts(spec, 0), export(spec, sync, 0)))
+    batch.meta["old_logprob"] = "fused"
+    upd.train(0, batch)
+    after = upd.policy.net.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in base.items())         # only the adapters moved
+    w = export(spec, sync, 1)
+    assert w.payload == "lora" and w.tensors and all("lora_" in k for k in w.tensors)
+    gen.load_weights(w)
+    x, t = torch.randn(2, 3, 16, 16), torch.full((2,), 0.5)
+    with torch.no_grad():
+        assert torch.equal(gen.net(x, t), upd.policy.net.eval()(x, t))    # the generator serves the new adapters
+    upd.save(str(tmp_path))
+    assert (tmp_path / "final" / "model.safetensors").exists() and (tmp_path / "final" / "adapter").is_dir()
+
+
+def test_lora_target_modules_that_name_nothing_get_a_clear_error():
+    spec = og.load(SYNC, ["nodes.update.lora={r: 4, target_modules: [q_proj]}", "nodes.sync.payload=lora"])
+    with pytest.raises(Exception, match="target_modules .* do not fit the image model"):
+        build_node(spec, "update")
+
+
 # ---------------------------------------------------------------- the graphs and their checks
 
 
