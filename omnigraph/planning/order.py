@@ -1,6 +1,6 @@
 """The rollout actor's ordering rule: a finished batch leaves the actor before the actor's next generation.
 
-The UniRL async trainer (``../shared/seeds/``) owes its speed to one rule written by hand: reap and send the
+The UniRL async diffusion trainer owes its speed to one rule written by hand: reap and send the
 finished generation before launching the next, so that the transfer never waits behind a queued
 generation. Here an actor's tasks run in the plan's static order, step after step, and a value crosses
 to another actor when the task that makes it ends. So the rule holds exactly when, on every actor that
