@@ -5,7 +5,7 @@ worker; the ``vllm`` generate backend calls them with ``llm.collective_rpc``.
 
 On vLLM's CPU backend a linear layer does not keep its weight: after loading, the weight is repacked
 into a oneDNN (or sgl-kernel) blocked layout held by the layer's ``cpu_linear`` and ``layer.weight``
-is left empty, so the model's ``load_weights`` cannot write into it. Two ways in:
+is left empty, so the model's ``load_weights`` cannot write into it. Three ways in:
 
 - ``reload``: vLLM's ``reload_weights``, which rebuilds every layer's parameters from the tensors
   given and processes them again (0.41 s for SmolLM2-135M here, 269 MB in bf16);
@@ -103,7 +103,7 @@ class WeightLoader:
 
     def omnigraph_load_weights(self, source) -> dict:
         """Load a full set of weights from a safetensors file path, safetensors bytes, or (in-process engine
-        only) a mapping of tensors; returns what it took (``how``: ``reload`` or ``in place``) and timings."""
+        only) a mapping of tensors; returns what it took (``how``: ``reload``, ``in place`` or ``direct``) and timings."""
         t0 = time.perf_counter()
         if isinstance(source, (str, os.PathLike)):
             tensors = load_file(str(source))
@@ -140,7 +140,7 @@ class WeightLoader:
             expected = _checkpoint_names(self.vllm_config.model_config.model)
             # no safetensors in the model folder: the first load names the full set
             self._omnigraph_expected = expected = set(tensors) if expected is None else expected
-        tied = getattr(self.vllm_config.model_config.hf_text_config, "tie_word_embeddings", False)
+        tied = self._omnigraph_tied()
         missing = sorted(n for n in expected - set(tensors) if not (tied and n.startswith("lm_head.")))
         if missing:
             shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
