@@ -154,7 +154,7 @@ def _torch_trainer(node, options, spec) -> list:
                                "(small gradients underflow to zero)", where="model.dtype",
                                fix="use bfloat16 (mixed precision: fp32 master weights, bf16 compute) or float32; "
                                    "float16 rollouts alone: nodes.<generate>.dtype: float16"))
-    if pool.actors > 1 and 0 < pool.gpus < 1:
+    if (pool.actors > 1 or pool.sharding != "none") and 0 < pool.gpus < 1:
         out.append(ConfigError(f"data-parallel training over {pool.actors} trainer actors with {pool.gpus:g} GPU "
                                "each: NCCL needs each rank on a GPU of its own", where=f"pools.{options.pool}.gpus",
                                fix=f"set pools.{options.pool}.gpus: 1, or pools.{options.pool}.actors: 1"))
@@ -190,17 +190,19 @@ REWARD_SYNTHETIC = Backend("reward", "nodes.scorer:Reward", check=_no_model, doc
 REWARD_MODEL = Backend("reward", "nodes.reward_model:RewardModel", check=_reward_model,
                        doc="a sequence-classification reward model, batched on its pool's device; GRPO advantages")
 
-OLD_LOGPROB_TORCH = Backend("old_logprob", "nodes.logprob:Logprob", uses_model=True,
+OLD_LOGPROB_TORCH = Backend("old_logprob", "nodes.logprob:Logprob", uses_model=True, sharded=True,
                             doc="the trainer's current weights (fused into a one-step update)")
-REF_LOGPROB_TORCH = Backend("ref_logprob", "nodes.logprob:Logprob", uses_model=True, doc="the initial weights")
+REF_LOGPROB_TORCH = Backend("ref_logprob", "nodes.logprob:Logprob", uses_model=True, sharded=True,
+                            doc="the initial weights")
 LOGPROB_SYNTHETIC = Backend("old_logprob", "nodes.synthetic:Logprob", doc="deterministic stand-in")
 REF_LOGPROB_SYNTHETIC = Backend("ref_logprob", "nodes.synthetic:Logprob", doc="deterministic stand-in")
 
-UPDATE_TORCH = Backend("update", "nodes.update:Update", uses_model=True, data_parallel=True, check=_torch_trainer,
-                       doc="decoupled PPO, AdamW; full or LoRA; data-parallel over the pool's actors")
+UPDATE_TORCH = Backend("update", "nodes.update:Update", uses_model=True, data_parallel=True, sharded=True,
+                       check=_torch_trainer,
+                       doc="decoupled PPO, AdamW; full or LoRA; data-parallel or FSDP2-sharded over the pool's actors")
 UPDATE_SYNTHETIC = Backend("update", "nodes.synthetic:Update", doc="stand-in work of `cost` seconds")
 
-SYNC_TORCH = Backend("sync", "nodes.sync:Sync", uses_model=True, check=_torch_sync,
+SYNC_TORCH = Backend("sync", "nodes.sync:Sync", uses_model=True, sharded=True, check=_torch_sync,
                      doc="full weights or LoRA adapter tensors")
 SYNC_SYNTHETIC = Backend("sync", "nodes.synthetic:Sync", doc="the version only")
 

@@ -17,6 +17,9 @@ holds): AdamW steps of lr ~1e-6 on bf16 weights would mostly round away. On
 a CPU with AMX or AVX512-BF16 the update runs ~1.8x faster than fp32
 (SmolLM2-135M + LoRA, one core); on a CPU without them bf16 is emulated and
 slower, and the trainer says so once.
+
+On a pool with ``sharding: fsdp`` the model is sharded with FSDP2 (:mod:`nodes.sharded`) before its
+first use, and the optimizer is made over the shards.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from omnigraph.sdk import NodeContext, SampleBatch
 
-from nodes import models
+from nodes import models, sharded
 from nodes.losses import entropy, token_logprobs
 
 
@@ -67,10 +70,25 @@ class Policy:
         self.lora = ctx.policy.lora
         if self.lora is not None:
             self.model = models.with_lora(self.model, self.lora)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=ctx.policy.lr, weight_decay=ctx.policy.weight_decay,
-                                     fused=self.device.type == "cuda")
+        self.lr, self.weight_decay = ctx.policy.lr, ctx.policy.weight_decay
+        self.sharded = ctx.sharding == "fsdp"
+        # a sharded model gets its optimizer once it is sharded (prepare): AdamW holds its DTensor shards
+        self.opt = None if self.sharded else self._optimizer()
         self.ref = None
+
+    def _optimizer(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, fused=self.device.type == "cuda")
+
+    def prepare(self, collectives) -> None:
+        """On a sharded pool (``sharding: fsdp``): shard the model over the pool's mesh, once, when its
+        process group exists (it forms after the nodes are built). Every node of the pool calls it first."""
+        if not self.sharded or self.opt is not None:
+            return
+        if collectives is None:
+            raise RuntimeError("a sharded trainer needs its pool's process group (the ray executors form it)")
+        sharded.shard(self.model, collectives.mesh())
+        self.opt = self._optimizer()
 
     @staticmethod
     def of(ctx: NodeContext) -> "Policy":

@@ -6,7 +6,9 @@ logprobs, truncated importance weight ``is_cap``), token-mean loss, AdamW,
 gradient clipping, mini- and micro-batches. With several trainer actors
 (``ctx.collectives``) the ranks train as one optimizer: the same number of
 mini-batches, each loss divided by the whole mini-batch's tokens, gradients
-summed over the ranks before clipping.
+summed over the ranks before clipping. On a sharded pool (``sharding: fsdp``,
+:mod:`nodes.sharded`) FSDP2 reduce-scatters the same sums into each rank's
+shard, and the ranks run their micro-batches in lockstep.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import torch
 
 from omnigraph.sdk import NodeContext, SampleBatch
 
+from nodes import models
 from nodes.losses import masked_mean, policy_loss
 from nodes.policy import Policy, micro
+from nodes.sharded import gather, idle_pass, load_local, local_state, lockstep, state_bytes
 
 
 class Update:
@@ -35,6 +39,8 @@ class Update:
         model.train()
         n = len(batch)
         dp = self.ctx.collectives        # several trainer actors: one optimizer over the whole batch
+        pol.prepare(dp)
+        sharded = pol.sharded
         if n == 0 and dp is None:        # every sample dropped as too stale
             return
         batch = pol.on_device(batch)
@@ -62,7 +68,11 @@ class Update:
             if dp is not None:           # the whole mini-batch's tokens: the loss is summed over ranks
                 tokens = torch.tensor(dp.all_sum(float(tokens)), device=pol.device)
             tokens = tokens.clamp(min=1)
-            for part in micro(mini.stop - mini.start, s.micro_batch_size):
+            parts = micro(mini.stop - mini.start, s.micro_batch_size)
+            for part in (lockstep(parts, dp) if sharded else parts):
+                if part is None:         # a peer has one more micro-batch: take part in its collectives
+                    idle_pass(model, pol.device, backward=True)
+                    continue
                 rows = slice(mini.start + part.start, mini.start + part.stop)
                 lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True)
                 proximal = lp.detach() * mask[rows] if fused else old[rows]
@@ -81,7 +91,7 @@ class Update:
                 stats.setdefault("loss", []).append(float(out.loss.detach()))
                 stats.setdefault("entropy", []).append(float(masked_mean(ent, mask[rows])) * w)
             self.ctx.fault("after_backward")
-            if dp is not None:
+            if dp is not None and not sharded:   # sharded: FSDP2 reduce-scattered them in the backward
                 dp.sum_grads(params)
             gn = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
             stats.setdefault("grad_norm", []).append(float(gn))
@@ -89,27 +99,52 @@ class Update:
         minis = max(1, len(minis))
         if pol.device.type == "cuda":
             stats["gpu_mem_gb"] = [torch.cuda.max_memory_allocated(pol.device) / 1e9]
+        stats["trainer_state_mb"] = [state_bytes(model, pol.opt) / 2 ** 20]   # this rank's share (its shards)
         self.ctx.log(**{k: (max(v) if k.endswith("_max") else
                             sum(v) / (minis if k in ("clip_frac", "ratio_mean", "is_mean", "kl", "entropy",
-                                                     "grad_norm") else 1))
+                                                     "grad_norm") else 1) if k != "trainer_state_mb" else v[0])
                         for k, v in stats.items()})
 
     def state_dict(self) -> dict:
+        self.policy.prepare(self.ctx.collectives)
+        if self.policy.sharded:          # this rank's shards only
+            return local_state(self.policy.model, self.policy.opt)
         return {"model": self.policy.model.state_dict(), "opt": self.policy.opt.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        self.policy.prepare(self.ctx.collectives)
+        if self.policy.sharded:
+            load_local(self.policy.model, self.policy.opt, state)
+            return
         self.policy.model.load_state_dict(state["model"])
         self.policy.opt.load_state_dict(state["opt"])
 
     def save(self, run_dir: str) -> None:
         """The final weights, loadable with ``AutoModelForCausalLM.from_pretrained(run_dir/final)``
-        (rank 0 of a data-parallel pool: the ranks hold the same weights)."""
+        (rank 0 of a data-parallel pool: the ranks hold the same weights; of a sharded pool: every rank
+        takes part in gathering them)."""
+        model = self._whole()
         if self.ctx.rank != 0:
             return
         out = Path(run_dir) / "final"
-        model = self.policy.model
         if self.policy.lora is not None:
             model.save_pretrained(out / "adapter")
             model = model.merge_and_unload()
         model.save_pretrained(out, safe_serialization=True)
         self.policy.tok.save_pretrained(out)
+
+    def _whole(self):
+        """The model to save: the trained one, or on a sharded pool a copy built on rank 0 from the gathered
+        shards (every rank takes part; the others get None)."""
+        pol = self.policy
+        if not pol.sharded:
+            return pol.model
+        pol.prepare(self.ctx.collectives)
+        full = gather(pol.model, keep=self.ctx.rank == 0)
+        if full is None:
+            return None
+        model, _ = models.load(pol.path, "float32", "cpu")
+        if pol.lora is not None:
+            model = models.with_lora(model, pol.lora)
+        model.load_state_dict(full)
+        return model

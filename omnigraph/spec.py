@@ -134,6 +134,9 @@ class PoolSpec(Strict):
     """CPUs reserved per actor."""
     gpus: float = Field(0, ge=0, le=64)
     """GPUs per actor; fractions let two pools share a card."""
+    sharding: Literal["none", "fsdp"] = "none"
+    """A trainer pool's state over its actors: ``none``, each rank holds all of it (data-parallel);
+    ``fsdp``, parameters, gradients and optimizer state are sharded over the ranks (PyTorch FSDP2)."""
 
 
 # ---------------------------------------------------------------- nodes

@@ -25,6 +25,7 @@ import networkx as nx
 from . import plugins, transports
 from .delays import assign_delays
 from .errors import GraphError, GraphErrors
+from .graph_warnings import overlap_warnings
 from .ir import Edge, Graph, Node
 from .ports import ROLE, compatible, is_state, signature
 from .schedule import arrival
@@ -74,7 +75,7 @@ def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
     data = _data(spec, errors)
     errors.raise_if_any()
     graph = Graph(name=spec.name, spec=spec, nodes=nodes, edges=edges, topo=topo, data=data)
-    graph.warnings.extend(_overlap_warnings(graph))
+    graph.warnings.extend(overlap_warnings(graph))
     return graph
 
 
@@ -321,6 +322,10 @@ def _placement(spec: GraphSpec, cluster: dict[str, float] | None, errors: _Error
                        where=f"pools.{name}.gpus", fix=f"use {math.floor(p.gpus)} or a fraction below 1")
         if p.cpus == 0 and p.gpus == 0:
             errors.add("an actor needs some resources", where=f"pools.{name}", fix="set cpus: 1 (or gpus)")
+        if p.sharding != "none" and spec.runtime.executor == "local":
+            errors.add(f"pool '{name}' is sharded ({p.sharding}): each rank is a process of its own in a "
+                       "process group", where="runtime.executor", fix=f"use the ray or ray-tasks executor, or "
+                       f"pools.{name}.sharding: none")
     if not cluster:
         return
     for res in ("cpus", "gpus"):
@@ -358,6 +363,10 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
             uses_model.append(n)
         if getattr(n.spec, "partial", None) is not None:
             _partial(spec, n, b, errors)
+        if n.pool in spec.pools and spec.pools[n.pool].sharding != "none" and not b.sharded:
+            errors.add(f"node {n.name} (backend {n.backend}) cannot run on a sharded pool",
+                       where=f"pools.{n.pool}.sharding", fix=f"set pools.{n.pool}.sharding: none, or move "
+                       f"{n.name} to another pool (a sharded pool holds the torch trainer and its nodes)")
         for problem in (b.check(n.name, n.spec, spec) if b.check else []):   # the backend's own rules
             errors.add(problem.message, where=problem.where, fix=problem.fix)
     if spec.task.source is not None:
@@ -419,31 +428,3 @@ def _resolvable(load, where: str, errors: _Errors) -> None:
         load()
     except GraphError as e:
         errors.add(e.message, where=where, fix=e.fix)
-
-
-# ---------------------------------------------------------------- warnings
-
-
-def _partial_warnings(graph: Graph) -> list[str]:
-    out = []
-    for n in graph.of_role("generator"):
-        p = getattr(n.spec, "partial", None)
-        if p is not None and p.budget_tokens and p.budget_tokens * p.max_spans < n.spec.max_new_tokens:
-            last = n.spec.max_new_tokens - (p.max_spans - 1) * p.budget_tokens
-            out.append(f"{n.name}: partial budget_tokens {p.budget_tokens} x max_spans {p.max_spans} < max_new_tokens "
-                       f"{n.spec.max_new_tokens}: a sample in its last firing may still decode {last} tokens, and the "
-                       f"firing waits for it; budget_tokens >= {-(-n.spec.max_new_tokens // p.max_spans)} keeps every "
-                       "firing within the budget")
-    return out
-
-
-def _overlap_warnings(graph: Graph) -> list[str]:
-    out = _partial_warnings(graph)
-    update = graph.trainer
-    if any(e.delay > 0 and not e.state for e in graph.edges):
-        for gen in graph.of_role("generator"):
-            if gen.pool == update.pool:
-                out.append(f"no overlap: {gen.name} and {update.name} share pool '{gen.pool}' (one actor runs them "
-                           "one after another), so the asynchronous schedule buys no time: predicted step = sum; "
-                           "put them on different pools to overlap")
-    return out

@@ -93,7 +93,7 @@ class Interpreter:
         ctx = self.contexts[node]
         ctx.metrics = self.startup.pop(node, {})        # a node's first record also says how it started
         ctx.spans = []
-        ctx.collectives = ctx.collectives or self._collectives(n)
+        self._attach(node)
         record: dict[str, Any] = {"node": node, "actor": self.actor, "step": step}
         t0 = time.perf_counter()
         try:
@@ -104,7 +104,7 @@ class Interpreter:
         except StalenessError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the node and step
-            if n.role == "trainer" and self.world > 1:
+            if ctx.collectives is not None and self.world > 1:
                 from ..transports.collectives import mark_failed
                 mark_failed(self.actor, f"{node} at step {step}: {type(e).__name__}: {e}")
             raise NodeFailure(node, step, e) from e
@@ -194,11 +194,19 @@ class Interpreter:
         return self.rank == 0 and bool(every) and (step % every == 0 or step == last)
 
     def _collectives(self, n):
-        if self.world == 1 or n.role != "trainer" or not any(grp.purpose == "data-parallel" and self.actor in
-                                                             grp.members for grp in self.plan.groups):
+        """The pool's group: a data-parallel trainer's, or every node's of a sharded pool (a mesh of one too)."""
+        mine = [grp.purpose for grp in self.plan.groups if self.actor in grp.members]
+        sharded = "sharded" in mine
+        if not sharded and (self.world == 1 or n.role != "trainer" or "data-parallel" not in mine):
             return None
         from ..transports.collectives import of   # torch.distributed: only data-parallel trainers load it
-        return of(self.actor, self.world)
+        return of(self.actor, self.world, sharded=sharded)
+
+    def _attach(self, name: str):
+        """The node's context with its collectives (the groups form after the nodes are built)."""
+        ctx = self.contexts[name]
+        ctx.collectives = ctx.collectives or self._collectives(self.plan.graph.nodes[name])
+        return ctx
 
     # -- values in -------------------------------------------------------------
     def _inputs(self, node: str, step: int, inputs: dict[int, list[Any]]) -> dict[str, Any]:
@@ -265,6 +273,7 @@ class Interpreter:
         """End of the run: nodes that keep something (the trainer's final weights) save it."""
         for name, node in self.nodes.items():
             if hasattr(node, "save"):
+                self._attach(name)
                 try:
                     node.save(run_dir)
                 except Exception as e:  # noqa: BLE001 - reported with the node's name
@@ -276,6 +285,8 @@ class Interpreter:
 
     def snapshot_bytes(self) -> bytes:
         """Everything this actor needs to continue exactly: buffers, versions, node state, RNG."""
+        for name in self.nodes:
+            self._attach(name)
         state = {"actor": self.actor, "policy_version": self.policy_version, "versions": dict(self.versions),
                  "in_flight": {n: sorted(g) for n, g in self.in_flight.items()},
                  "lines": {i: (line.current, list(line.queue)) for i, line in self.lines.items()},
@@ -302,6 +313,7 @@ class Interpreter:
             self.lines[i].current = current
             self.lines[i].queue = collections.deque(queue)
         for n, sd in state["nodes"].items():
+            self._attach(n)
             self.nodes[n].load_state_dict(sd)
         random.setstate(state["python_rng"])
         if "torch_rng" in state:

@@ -89,11 +89,11 @@ class GraphActor:
         return open_store(group, ray.util.get_node_ip_address())
 
     def join_group(self, group: str, host: str, port: int, rank: int, world: int, timeout_s: float,
-                   backend: str = "nccl") -> str | None:
-        """Join a weights or data-parallel group (every member at once); an error comes back as text."""
+                   backend: str = "nccl", default: bool = False) -> str | None:
+        """Join a weights, data-parallel or sharded group (every member at once); an error comes back as text."""
         from ..transports.groups import join
         try:
-            join(group, host, port, rank, world, timeout_s, backend=backend)
+            join(group, host, port, rank, world, timeout_s, backend=backend, default=default)
         except Exception as e:  # noqa: BLE001 - reported by the driver with the actor's name
             return f"{type(e).__name__}: {e}"
         return None

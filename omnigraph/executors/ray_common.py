@@ -78,10 +78,10 @@ class RayExecutor(Executor):
         member joins at once."""
         for grp in self.plan.groups:
             name, members, backend = grp.name, list(grp.members), grp.backend
-            what = "weights" if grp.purpose == "weights" else "data-parallel training"
+            what = {"weights": "weights", "sharded": "sharded training"}.get(grp.purpose, "data-parallel training")
             host, port = ray.get(self.actors[members[0]].open_store.remote(name), timeout=60)
             refs = [self.actors[a].join_group.remote(name, host, port, i, len(members),
-                                                     max(3600.0, 4 * self.timeout), backend)
+                                                     max(3600.0, 4 * self.timeout), backend, grp.purpose == "sharded")
                     for i, a in enumerate(members)]
             try:
                 errors = ray.get(refs, timeout=START_TIMEOUT_S)
@@ -96,7 +96,7 @@ class RayExecutor(Executor):
                                  fix="set transport: shm on the weights edge to send them through Ray instead"
                                  if what == "weights" else "check that the trainer actors can reach each other")
             self.on_status(f"weights go over NCCL: {members[0]} -> {', '.join(members[1:])}" if what == "weights"
-                           else f"data-parallel training over {backend}: {', '.join(members)}")
+                           else f"{what} over {backend}: {', '.join(members)}")
 
     def _check_resources(self) -> None:
         """Fail at once, not after a long wait, when the pools cannot all be placed."""

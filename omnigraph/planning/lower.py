@@ -133,8 +133,9 @@ def _groups(plan: Plan) -> list[Group]:
     spec = plan.graph.spec
     for n in plan.graph.of_role("trainer"):
         pool = spec.pools[n.pool]
-        if pool.actors > 1 and plugins.backend(n.kind, n.backend).data_parallel:
+        sharded = pool.sharding != "none"       # a mesh even of one rank: fully_shard needs its group
+        if (pool.actors > 1 or sharded) and plugins.backend(n.kind, n.backend).data_parallel:
             members = tuple(a for a, x in plan.actors.items() if x.pool == n.pool)
             out.append(Group(transports.pool_group(n.pool), members, transports.pool_backend(pool.gpus),
-                             "data-parallel"))
+                             "sharded" if sharded else "data-parallel"))
     return out

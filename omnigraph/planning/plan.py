@@ -70,7 +70,7 @@ class Group:
     members: tuple[str, ...]
     """Actors in rank order (for weights: the sender first)."""
     backend: str            # nccl | gloo
-    purpose: str            # weights | data-parallel
+    purpose: str            # weights | data-parallel | sharded
 
 
 @dataclass
@@ -128,9 +128,11 @@ class Plan:
 
 
 def ranks(graph: Graph, node: str) -> range:
-    """The ranks a node runs on: every actor of its pool, except an exporter, which sends once from rank 0."""
+    """The ranks a node runs on: every actor of its pool, except an exporter, which sends once from rank 0
+    (on a sharded pool every rank runs it: the weights are gathered from every rank's shard, then sent)."""
     n = graph.nodes[node]
-    return range(1) if n.role == "exporter" else range(graph.spec.pools[n.pool].actors)
+    pool = graph.spec.pools[n.pool]
+    return range(1) if n.role == "exporter" and pool.sharding == "none" else range(pool.actors)
 
 
 def aligned(graph: Graph, e: Edge) -> bool:
@@ -142,9 +144,11 @@ def aligned(graph: Graph, e: Edge) -> bool:
 def feeds(graph: Graph, e: Edge, rank: int) -> list[int]:
     """Producer ranks that feed consumer rank ``rank``: weights come from rank 0 (identical on every
     data-parallel rank), aligned streams from the same rank, other streams from every rank (gathered,
-    then re-sharded for the consumer)."""
+    then re-sharded for the consumer). On a sharded pool each rank's exporter takes its own rank's weights."""
     if e.state:
-        return [0]
+        a, b = graph.nodes[e.src], graph.nodes[e.dst]
+        same = a.pool == b.pool and graph.spec.pools[a.pool].sharding != "none"
+        return [rank] if same else [0]
     if aligned(graph, e):
         return [rank]
     return list(ranks(graph, e.src))

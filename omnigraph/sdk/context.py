@@ -12,7 +12,8 @@ by the compiler:
 - where it runs: ``actor``, ``pool``, ``rank`` of ``world``, ``device``;
 - ``shared``: a dict the nodes of one actor share (e.g. the trainer's model,
   read by ``old_logprob`` and written by ``update``);
-- ``collectives``: the process group of a data-parallel pool (else ``None``);
+- ``collectives``: the process group of a data-parallel or sharded pool (else ``None``);
+- ``sharding``: the pool's ``sharding`` (``none`` or ``fsdp``);
 - ``log(key=value)``: scalars for this step's metrics row; ``span(label, t0, t1)``: a part of the
   work, drawn in the run's timeline;
 - ``fault(point)``: a named point inside the node's work where tests inject
@@ -83,6 +84,9 @@ class Collectives(Protocol):
     def sum_grads(self, params: list) -> None:
         """Sum the gradients of ``params`` over the ranks (missing gradients count as zero)."""
 
+    def mesh(self) -> Any:
+        """The pool's one-dimensional ``torch.distributed`` DeviceMesh (a sharded pool: ``fully_shard`` over it)."""
+
 
 @dataclass
 class NodeContext:
@@ -100,6 +104,7 @@ class NodeContext:
     """``cuda`` when the node's pool has GPUs (the card Ray gave the actor), else ``cpu``."""
     shared: dict[str, Any] = field(default_factory=dict)
     collectives: Collectives | None = None
+    sharding: str = "none"
     metrics: dict[str, float] = field(default_factory=dict)
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     faults: Callable[[str], None] | None = field(default=None, repr=False)

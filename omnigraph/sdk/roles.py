@@ -57,6 +57,9 @@ class Backend:
     data_parallel: bool = False
     """A trainer that trains as one optimizer over the ranks of its pool: the executor forms the pool's
     process group before step 0 (``ctx.collectives``)."""
+    sharded: bool = False
+    """It runs on a pool with ``sharding: fsdp``: every rank calls it, in step with the others (a forward of
+    a sharded model is a collective), and it reaches the pool's device mesh through ``ctx.collectives``."""
     partial: bool = False
     """A generator that can carry unfinished samples across firings (``generate: {partial: ...}``): it
     implements :meth:`Generator.in_flight` and stamps every token with the version that sampled it."""

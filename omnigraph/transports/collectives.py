@@ -29,9 +29,10 @@ import torch.distributed as dist
 
 from . import groups, pool_group
 
-def of(actor: str, world: int) -> "PoolCollectives | None":
-    """The collectives of ``actor``'s data-parallel pool (None on a single actor)."""
-    if world == 1:
+def of(actor: str, world: int, sharded: bool = False) -> "PoolCollectives | None":
+    """The collectives of ``actor``'s data-parallel pool (None on a single actor), or of its sharded pool
+    (a group of one rank too: FSDP2 shards over its mesh)."""
+    if world == 1 and not sharded:
         return None
     g = groups.group(pool_group(actor.rsplit(".", 1)[0]))
     if g is None:
@@ -84,6 +85,16 @@ class PoolCollectives:
 
     def __init__(self, g):
         self.g = g
+        self._mesh = None
+
+    def mesh(self):
+        """The pool's DeviceMesh (a sharded pool's group is its processes' default group: ``groups.join``)."""
+        if self._mesh is None:
+            if self.g.pg is not dist.group.WORLD:
+                raise RuntimeError(f"group {self.g.name} is not a sharded pool's: it has no device mesh")
+            from torch.distributed.device_mesh import init_device_mesh
+            self._mesh = init_device_mesh(self.g.device.type, (self.g.world,))
+        return self._mesh
 
     def all_sum(self, value: float) -> float:
         dtype = torch.float64 if self.g.device.type == "cpu" else torch.float32

@@ -50,13 +50,20 @@ def open_store(name: str, host: str) -> tuple[str, int]:
 
 
 def join(name: str, host: str, port: int, rank: int, world: int, timeout_s: float = 3600.0,
-         backend: str = "nccl") -> Group:
-    """Join group ``name`` (every member at once) and make its communicator with one warm-up broadcast."""
+         backend: str = "nccl", default: bool = False) -> Group:
+    """Join group ``name`` (every member at once) and make its communicator with one warm-up broadcast.
+    ``default``: as this process's default group (``init_process_group``), which a ``DeviceMesh`` and so
+    FSDP2 need; a process has at most one (its sharded pool's)."""
     store = _STORES.pop(name, None)
     if store is None:
         store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=600))
     prefixed = dist.PrefixStore(f"omnigraph/{name}/", store)
-    if backend == "nccl":
+    if default:
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s), device_id=device if backend == "nccl" else None)
+        pg = dist.group.WORLD
+    elif backend == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timedelta(seconds=timeout_s)
@@ -79,7 +86,12 @@ def group(name: str) -> Group | None:
 
 def leave(name: str) -> None:
     g = _GROUPS.pop(name, None)
-    if g is not None:
+    if g is not None and g.pg is dist.group.WORLD:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - leaving must not fail
+            pass
+    elif g is not None:
         g.buffers, g.inflight = [], {}
         abort = getattr(g.pg, "shutdown", None) or getattr(g.pg, "abort", None)
         if abort is not None:

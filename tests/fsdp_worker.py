@@ -1,0 +1,64 @@
+"""One trainer rank for tests/test_sharded.py: ``python fsdp_worker.py RANK WORLD PORT OUT GRAPH MODE [lora]``.
+
+MODE ``single`` trains one unsharded actor on the rows in the order two ranks see them; ``fsdp`` trains rank
+RANK of WORLD sharded ranks. Two batches, two optimizer steps each; then an export through the sync node, and
+(sharded) a checkpoint of step 1 restored and step 2 trained again, which must give the same shards bit for bit.
+"""
+
+import os
+import pickle
+import sys
+import time
+
+import torch
+
+import omnigraph as og
+from omnigraph.sdk import SampleBatch, Weights
+from omnigraph.testing import build_node, prompts
+from omnigraph.transports import collectives, groups
+
+rank, world, port, out, graph, mode = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+                                       sys.argv[5], sys.argv[6])
+lora = len(sys.argv) > 7 and sys.argv[7] == "lora"
+torch.set_num_threads(1)
+over = ["nodes.update.mini_batch_size=64", "nodes.update.micro_batch_size=8", f"pools.trainer.actors={world}", "runtime.executor=ray"]
+if mode == "fsdp":
+    over.append("pools.trainer.sharding=fsdp")
+if lora:
+    over += ["nodes.update.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}", "nodes.sync.payload=lora"]
+spec = og.load(graph, over)
+gen, _ = build_node(spec, "generate")
+batch = gen.generate(0, prompts(spec, 0), Weights(0))
+batch = build_node(spec, "reward")[0].score(0, batch)
+if mode == "single":    # mini-batch i = rank 0's i-th 32 rows + rank 1's, as the two ranks take them
+    halves = [batch.shard(r, 2) for r in range(2)]
+    batch = SampleBatch.concat([h.select(range(i * 32, (i + 1) * 32)) for i in range(2) for h in halves])
+shared: dict = {}
+upd, ctx = build_node(spec, "update", actor=f"trainer.{rank}", shared=shared)
+sync, sctx = build_node(spec, "sync", actor=f"trainer.{rank}", shared=shared)
+if mode == "fsdp":
+    g = groups.join("dp-trainer", "127.0.0.1", port, rank, world, 120.0, backend="gloo", default=True)
+    ctx.collectives = sctx.collectives = collectives.PoolCollectives(g)
+mine = batch.shard(rank, world)
+if mode == "fsdp" and rank == 1:     # a shorter share (samples dropped as stale): rank 1 keeps in step
+    # with a micro-batch fewer in its second mini-batch (3 of 8 rows, not 4: an idle pass)
+    mine = mine.select(range(len(mine) - 8))
+elif mode == "single":            # the same rows: rank 1's last 8 are the reordered batch's last 8
+    mine = batch.select(range(len(batch) - 8))
+t0 = time.perf_counter()
+upd.train(1, mine)
+snap = pickle.loads(pickle.dumps(upd.state_dict()))      # a checkpoint as the interpreter writes it
+upd.train(2, mine)
+seconds = time.perf_counter() - t0
+state = sync.state()
+exact = None
+if mode == "fsdp":
+    after = {k: v.clone() for k, v in upd.state_dict()["model"].items()}
+    upd.load_state_dict(snap)
+    upd.train(2, mine)
+    again = upd.state_dict()["model"]
+    exact = all(torch.equal(after[k], again[k]) for k in after)
+if rank == 0:
+    torch.save({"weights": {k: v.float().clone() for k, v in state.tensors.items()}, "payload": state.payload,
+                "mem_mb": ctx.metrics["trainer_state_mb"], "seconds": seconds, "exact": exact}, out)
+os._exit(0)      # no destructors: a gloo group torn down at interpreter exit aborts now and then
