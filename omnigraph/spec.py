@@ -134,6 +134,10 @@ class PoolSpec(Strict):
     """CPUs reserved per actor."""
     gpus: float = Field(0, ge=0, le=64)
     """GPUs per actor; fractions let two pools share a card."""
+    labels: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=128)]] = Field(
+        {}, max_length=16)
+    """Node labels every actor of the pool must be placed on (Ray's ``label_selector``), e.g.
+    ``{omnigraph/node: gpu-a}`` for nodes started with ``ray start --labels omnigraph/node=gpu-a``."""
     sharding: Literal["none", "fsdp"] = "none"
     """A trainer pool's state over its actors: ``none``, each rank holds all of it (data-parallel);
     ``fsdp``, parameters, gradients and optimizer state are sharded over the ranks (PyTorch FSDP2)."""
@@ -386,6 +390,9 @@ class RuntimeSpec(Strict):
     max_restarts: int = Field(0, ge=0, le=1000)
     """When a node fails or an actor dies: restart the actors and resume from the last checkpoint,
     at most this many times; then stop with the error."""
+    node_wait_s: float = Field(300.0, gt=0, le=86_400)
+    """On a cluster (``address``): how long a start waits for the nodes the pools need (their labels, CPUs,
+    GPUs), e.g. for a lost node's replacement to join before a restart resumes."""
     step_timeout_s: float = Field(300.0, gt=0, le=86_400)
     """A step that takes longer stops the run, naming the node still running."""
     channel_mb: float | None = Field(None, gt=0, le=65_536)

@@ -60,7 +60,8 @@ class GraphActor:
     # -- classic calls (before the graph starts, or concurrently with it) ----
     def ready(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
-        return {"pid": os.getpid(), "node_id": ctx.get_node_id(), "error": self.init_error,
+        labels = {k: v for k, v in ctx.get_node_labels().items() if not k.startswith("ray.io/")}
+        return {"pid": os.getpid(), "node_id": ctx.get_node_id(), "labels": labels, "error": self.init_error,
                 "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])], "cuda": _cuda_info()}
 
     def status(self) -> tuple[str, int, float] | None:

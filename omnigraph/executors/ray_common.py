@@ -99,15 +99,35 @@ class RayExecutor(Executor):
                            else f"{what} over {backend}: {', '.join(members)}")
 
     def _check_resources(self) -> None:
-        """Fail at once, not after a long wait, when the pools cannot all be placed."""
+        """Fail at once, not after a long wait, when the pools cannot all be placed. On a cluster
+        (``--address``) wait up to ``runtime.node_wait_s`` for the nodes to be there: after a node was
+        lost, its replacement joining."""
+        spec = self.plan.graph.spec
         want = {key: sum(getattr(a, res) for a in self.plan.actors.values()) for res, key in (("cpus", "CPU"),
                                                                                              ("gpus", "GPU"))}
-        deadline = time.monotonic() + 20      # actors killed a moment ago free their resources soon
+        labels = {name: dict(p.labels) for name, p in spec.pools.items() if p.labels}
+        # actors killed a moment ago free their resources soon
+        wait = spec.runtime.node_wait_s if spec.runtime.address else 20.0
+        deadline, said = time.monotonic() + wait, 0.0
         while True:
             free = ray.available_resources()
-            if all(w <= free.get(k, 0.0) + 1e-9 for k, w in want.items()) or time.monotonic() > deadline:
+            unplaced = _unlabelled(labels)
+            if not unplaced and all(w <= free.get(k, 0.0) + 1e-9 for k, w in want.items()):
+                return
+            if time.monotonic() > deadline:
                 break
-            time.sleep(0.2)
+            if spec.runtime.address and time.monotonic() - said > 5:
+                said = time.monotonic()
+                self.on_status("waiting for the cluster's nodes: " + (", ".join(
+                    f"pool {n} needs a node labelled {fmt_labels(labels[n])}" for n in unplaced) or
+                    f"{want['CPU']:g} CPUs and {want['GPU']:g} GPUs free"))
+            time.sleep(0.5)
+        for name in unplaced:
+            raise GraphError(f"no live node of the cluster has the labels {fmt_labels(labels[name])}",
+                             where=f"pools.{name}.labels",
+                             fix="start a node with ray start --labels "
+                                 + ",".join(f"{k}={v}" for k, v in labels[name].items())
+                                 + " (or change the labels); runtime.node_wait_s sets how long a start waits")
         for res, key in (("cpus", "CPU"), ("gpus", "GPU")):
             if want[key] > free.get(key, 0.0) + 1e-9:
                 raise GraphError(f"the pools ask for {want[key]:g} {res} but the Ray cluster has "
@@ -133,8 +153,9 @@ class RayExecutor(Executor):
             # OpenMP reads this once, when the process starts: set it here, not inherited
             pin["OMP_NUM_THREADS"] = str(len(cores[name]) if name in cores else max(1, int(a.cpus)))
             pin["OMNIGRAPH_ACTOR"] = name            # which process is which, for ps and for fault tests
+            labels = dict(spec.pools[a.pool].labels)
             actors[name] = remote.options(
-                num_cpus=a.cpus, num_gpus=a.gpus,
+                num_cpus=a.cpus, num_gpus=a.gpus, **({"label_selector": labels} if labels else {}),
                 runtime_env={"env_vars": env | pin}).remote(
                 self.plan, name, self.ops, self.signals.dir if self.signals else None, self.timeout,
                 self.preload_torch)
@@ -196,6 +217,10 @@ class RayExecutor(Executor):
         ray.get([a.restore.options(concurrency_group="control").remote(snaps[n]) for n, a in self.actors.items()],
                 timeout=START_TIMEOUT_S)
 
+    def placement(self) -> dict[str, dict[str, Any]]:
+        """Where each actor runs: its node's id and labels."""
+        return {name: {"node_id": i["node_id"], "labels": i.get("labels", {})} for name, i in self.info.items()}
+
     def pids(self) -> dict[str, int]:
         return {name: i["pid"] for name, i in self.info.items()}
 
@@ -204,6 +229,23 @@ class RayExecutor(Executor):
             f = r.get("failed")
             if f is not None:
                 raise NodeFailure.from_message(f.message)
+
+    def lost(self, step: int, fired, err) -> NodeFailure:
+        """A step's RayActorError as a NodeFailure naming the node whose actor is gone (its process, or the
+        host it ran on: a lost node), so that the supervisor restarts."""
+        self.hang_seen = True
+        gone = getattr(err, "actor_id", None)
+        for name, a in self.actors.items():
+            if gone and a._actor_id.hex() == gone:
+                node, at = self._last_op(name, step, fired)
+                where = self.info.get(name, {}).get("node_id", "")[:8]
+                return NodeFailure(node, at, f"actor {name} is gone ({type(err).__name__}): its process or its "
+                                             f"node {where} died")
+        try:
+            self.check_alive(step, fired)
+        except NodeFailure as f:
+            return f
+        return NodeFailure("(unknown)", step, f"an actor is gone: {type(err).__name__}: {err}")
 
     def check_alive(self, step: int, fired) -> None:
         """Raise a NodeFailure naming the node whose actor process died (e.g. killed, out of memory)."""
@@ -272,6 +314,19 @@ class RayExecutor(Executor):
             ray.shutdown()
             self._owns_ray = False
 
+
+
+def fmt_labels(labels: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in labels.items())
+
+
+def _unlabelled(labels: dict[str, dict[str, str]]) -> list[str]:
+    """The pools whose labels no live node carries."""
+    if not labels:
+        return []
+    nodes = [n.get("Labels") or {} for n in ray.nodes() if n.get("Alive")]
+    return [name for name, want in labels.items() if not any(all(have.get(k) == v for k, v in want.items())
+                                                             for have in nodes)]
 
 
 def core_layout(plan, spec) -> dict[str, list[int]]:

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from ray.dag import InputNode, MultiOutputNode
-from ray.exceptions import RayChannelTimeoutError
+from ray.exceptions import RayActorError, RayChannelTimeoutError
 
 from ..errors import GraphError
 from .base import StepResult
@@ -108,6 +108,8 @@ class RayCompiledExecutor(RayExecutor):
             results = [r.get(timeout=self.timeout) for r in ref]
         except RayChannelTimeoutError:
             raise self.hung(t) from None
+        except RayActorError as e:       # an actor's process or node is gone (no signal pipes)
+            raise self.lost(t, fired, e) from None
         self.unread -= 1
         return self.result(t, fired, results)
 

@@ -39,7 +39,6 @@ class RayTasksExecutor(RayExecutor):
             results = ray.get(refs, timeout=self.timeout)
         except ray.exceptions.GetTimeoutError:
             raise self.hung(t) from None
-        except ray.exceptions.RayActorError:
-            self.check_alive(t, fired)
-            raise
+        except ray.exceptions.RayActorError as e:
+            raise self.lost(t, fired, e) from None
         return self.result(t, fired, results)

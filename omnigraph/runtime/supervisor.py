@@ -140,6 +140,9 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
         bar.status(f"starting {ex.name} executor: actors, models")
         ex.start()
         interrupt.reinstall()
+        if hasattr(ex, "placement"):        # which node each actor is on, per attempt (a lost node's replacement)
+            append(out, "placement", {"attempt": int(os.environ.get("OMNIGRAPH_ATTEMPT", "0")),
+                                      "actors": ex.placement()})
         if restart:
             bar.log(f"resuming from {restart.path.name}: continuing at step {start}")
             ex.restore(restart.snapshots)
