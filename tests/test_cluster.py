@@ -60,9 +60,32 @@ def test_two_node_cluster_places_pools_by_label_and_survives_losing_a_node(tmp_p
         assert "rollout.0 is gone" in events[0]["cause"] or "died" in events[0]["cause"], events[0]
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["groups_lost"] == 0 and summary["groups_trained_twice"] == 0
+        # the ray-tasks executor on the same two nodes: the weights by Ray Direct Transport (gloo), and they arrive
+        rdt = _run(c, tmp_path / "rdt", "schedule.iterations=24", "runtime.executor=ray-tasks")
+        assert rdt.returncode == 0, rdt.stdout[-3000:] + rdt.stderr[-3000:]
+        (rdt_dir,) = (tmp_path / "rdt").iterdir()
+        assert "sync -> generate  by rdt" in (rdt_dir / "plan.txt").read_text()
+        rewards = [json.loads(x)["reward_mean"] for x in (rdt_dir / "metrics.jsonl").read_text().splitlines()
+                   if "reward_mean" in json.loads(x)]
+        assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.3, rewards      # the rollout got new weights
         # a label no node carries: one clear error naming the field, exit code 1
         bad = _run(c, tmp_path / "bad", "schedule.iterations=2", "pools.rollout.labels={omnigraph/node: c}",
                    "runtime.node_wait_s=3", timeout=300)
         out = bad.stdout + bad.stderr
         assert bad.returncode == 1 and "Traceback" not in out, out[-3000:]
         assert "pools.rollout.labels" in out and "omnigraph/node=c" in out, out[-2000:]
+
+
+def test_the_weights_path_fits_the_executor_on_a_cluster(tmp_path):
+    import omnigraph as og
+    from omnigraph.errors import GraphError
+    on = ["runtime.address=127.0.0.1:6379"]
+    assert og.compile(GRAPH, overrides=on + ["runtime.executor=ray-tasks"]).weights["sync"] == "rdt"
+    assert og.compile(GRAPH, overrides=on + ["runtime.executor=ray"]).weights["sync"] == "host"
+    assert og.compile(GRAPH, overrides=["runtime.executor=ray-tasks"]).weights["sync"] == "shm"   # one host
+    asked = tmp_path / "g.yaml"
+    asked.write_text(GRAPH.read_text().replace("- sync -> generate: {delay: 1}",
+                                               "- sync -> generate: {delay: 1, transport: rdt}"))
+    with pytest.raises(GraphError) as e:
+        og.compile(asked, overrides=on + ["runtime.executor=ray"])
+    assert "transport: rdt" in str(e.value) and "ray-tasks" in str(e.value)

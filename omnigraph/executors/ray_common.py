@@ -134,9 +134,13 @@ class RayExecutor(Executor):
                                  f"{free.get(key, 0.0):g} free",
                                  where="pools", fix=f"lower pools.*.{res} or actors, or join a larger cluster (--address)")
 
+    def actor_class_options(self) -> dict[str, Any]:
+        """More ``ray.remote`` options for the actor class (an executor's own)."""
+        return {}
+
     def _start_actors(self) -> dict[str, Any]:
         # one call at a time keeps the plan's order; status() runs beside it in its own group
-        remote = ray.remote(concurrency_groups={"control": 1})(GraphActor)
+        remote = ray.remote(concurrency_groups={"control": 1}, **self.actor_class_options())(GraphActor)
         env = {k: v for k, v in os.environ.items() if k.startswith(("OMNIGRAPH_", "NCCL_", "TORCH_NCCL_",
                                                                       "TORCH_SYMM_MEM_", "NVSHMEM_"))
                and k not in ("OMNIGRAPH_PIN_CPUS", "OMNIGRAPH_SHM_TAG", "OMNIGRAPH_ACTOR")}

@@ -5,7 +5,11 @@ forward if Compiled Graphs go away upstream. Each operation is one remote
 call taking its producers' object refs; Ray resolves them, and each actor
 runs its calls in submission order, which is the plan's order. Step ``t + 1``
 is submitted before step ``t``'s results are read, so actors overlap as in
-the compiled graph. Values cross actors through the object store.
+the compiled graph. Values cross actors through the object store, except
+the weights on the ``rdt`` path: the exporting call is submitted with Ray
+Direct Transport (``tensor_transport="gloo"``) over a collective group of the
+trainer's and the receivers' actors, formed before step 0, so the tensors go
+from actor to actor and the object store holds only a reference.
 """
 
 from __future__ import annotations
@@ -24,13 +28,32 @@ class RayTasksExecutor(RayExecutor):
     uses_waits = False
     preload_torch = False       # plain actor calls never import torch: actors of synthetic nodes start seconds sooner
 
+    def actor_class_options(self) -> dict[str, Any]:
+        return {"enable_tensor_transport": True} if self._direct() else {}
+
+    def _direct(self) -> set[str]:
+        return {n for n, path in self.plan.weights.items() if path == "rdt"}
+
+    def start(self) -> None:
+        super().start()
+        self.direct = self._direct()
+        if self.direct:
+            from ray.experimental.collective import create_collective_group
+            members = sorted({a for c in self.plan.channels if c.edge.state and c.edge.src in self.direct
+                              for a in (c.src.actor, c.dst.actor)})
+            create_collective_group([self.actors[a] for a in members], backend="torch_gloo")
+            self.on_status(f"weights by Ray Direct Transport (gloo): {', '.join(members)}")
+
     def _submit(self, t: int, fired: frozenset) -> list:
         inp = (t, tuple(sorted(fired)))
         refs: dict[int, Any] = {}
         last: dict[str, Any] = {}
         for op in self.ops:
             actor = self.actors[op.actor]
-            ref = actor.exec.remote(inp, op.id, last.get(op.actor), *(refs[p] for p in op.producers))
+            call = actor.exec
+            if op.kind == "run" and op.task.node in self.direct:
+                call = call.options(tensor_transport="gloo")
+            ref = call.remote(inp, op.id, last.get(op.actor), *(refs[p] for p in op.producers))
             refs[op.id] = last[op.actor] = ref
         return [refs[op.id] for op in self.ops if op.kind == "collect"]
 

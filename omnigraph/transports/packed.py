@@ -196,3 +196,10 @@ class Channel(Transport):
             fault("export")
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         return Weights(version, tensors=tensors, payload=state.payload, nbytes=nbytes, path=self.name)
+
+
+class Rdt(Channel):
+    """``rdt`` (the ``ray-tasks`` executor only): the tensors as they are, like ``channel``, but the executor
+    submits the exporting call with Ray Direct Transport (``tensor_transport``): the object store keeps only a
+    reference, and each receiver pulls the tensors from the trainer's actor over a gloo group."""
+    name = "rdt"
