@@ -17,7 +17,7 @@ from conftest import GRAPHS, ROOT
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 GRAPH = GRAPHS / "grpo_one_step_off.yaml"
-WORKER = ROOT / "tests" / "fsdp_worker.py"
+WORKER = ROOT / "bench" / "fsdp_rank.py"
 SHARDED = ["pools.trainer.actors=2", "pools.trainer.sharding=fsdp", "pools.trainer.cpus=0.5", "pools.rollout.cpus=1"]
 
 
