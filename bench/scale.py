@@ -10,7 +10,7 @@
    --address``, one CPU and one label each): ``omnigraph run --address`` with the rollout on node ``b`` and
    the trainer on node ``a`` (``pools.*.labels``), for both executors. ``cluster_nodes``: distinct nodes the
    actors ran on; ``cluster_run_ok``: both runs finished with no prompt group lost.
-3. **Tensors between two actors on the two nodes**, the same 256 MB of float32 tensors (16 of them), five
+3. **Tensors between two actors on the two nodes**, the same 64 MB of float32 tensors (16 of them), five
    timed transfers after a warm-up each, in one Ray session: Ray Direct Transport over gloo
    (``rdt_gb_s``), a compiled graph's channel (``channel_gb_s``), and plain calls through the object store
    (``object_store_gb_s``). Each transfer ends when the receiver has read every tensor.
@@ -127,7 +127,7 @@ def transfers(c, reps: int) -> dict:
 
         a = Peer.options(label_selector={"omnigraph/node": "a"}).remote()
         b = Peer.options(label_selector={"omnigraph/node": "b"}).remote()
-        nbytes = ray.get(a.make.remote(256))
+        nbytes = ray.get(a.make.remote(64))
         create_collective_group([a, b], backend="torch_gloo")
 
         def timed(fn) -> float:
@@ -142,12 +142,11 @@ def transfers(c, reps: int) -> dict:
         rdt = timed(lambda: ray.get(b.read.remote(a.send_rdt.remote())))
         store = timed(lambda: ray.get(b.read.remote(a.send.remote())))
         from ray.dag import InputNode
-        os.environ["RAY_CGRAPH_buffer_size_bytes"] = str(nbytes + (64 << 20))
         with InputNode() as inp:
             dag = b.read.bind(a.send.bind(inp))
-        compiled = dag.experimental_compile(_buffer_size_bytes=nbytes + (64 << 20))
+        compiled = dag.experimental_compile(_buffer_size_bytes=2 * nbytes)
         try:
-            channel = timed(lambda: ray.get(compiled.execute(0)))
+            channel = timed(lambda: compiled.execute(0).get(timeout=120))
         finally:
             compiled.teardown()
         print(f"tensors, node a -> node b, {nbytes / 1e6:.0f} MB: RDT (gloo) {rdt:.2f} GB/s, compiled-graph channel "
