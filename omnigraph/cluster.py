@@ -54,7 +54,11 @@ class LocalCluster:
         self.nodes: dict[str, set[int]] = {}
         """Node name -> the processes its ``ray start`` left running (its workers are their children)."""
         self.dead: set[str] = set()
-        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        # a raylet starved for CPU on a small loaded machine (a test suite beside it) must not be declared dead:
+        # 10 missed health checks of 3 s (Ray's default is 5), a node killed on purpose is still seen at once
+        # by its actors' callers
+        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_health_check_failure_threshold": "10"}
 
     def add_node(self, name: str, cpus: float = 1, labels: dict[str, str] | None = None, gpus: float = 0,
                  timeout_s: float = 120.0) -> None:

@@ -38,8 +38,13 @@ def test_two_node_cluster_places_pools_by_label_and_survives_losing_a_node(tmp_p
         # the rollout's node is lost mid-run (every process of it killed at once); a replacement joins
         lost = {}
 
-        def lose_b():
-            time.sleep(14)
+        def lose_b():                    # once the run is a dozen steps in (past a checkpoint)
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                rows = list((tmp_path / "loss").glob("*/metrics.jsonl"))
+                if rows and len(rows[0].read_text().splitlines()) >= 12:
+                    break
+                time.sleep(0.2)
             lost["killed"] = c.kill_node("b")
             c.add_node("b", cpus=1)
         threading.Thread(target=lose_b, daemon=True).start()
@@ -61,7 +66,8 @@ def test_two_node_cluster_places_pools_by_label_and_survives_losing_a_node(tmp_p
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["groups_lost"] == 0 and summary["groups_trained_twice"] == 0
         # the ray-tasks executor on the same two nodes: the weights by Ray Direct Transport (gloo), and they arrive
-        rdt = _run(c, tmp_path / "rdt", "schedule.iterations=24", "runtime.executor=ray-tasks")
+        rdt = _run(c, tmp_path / "rdt", "schedule.iterations=24", "runtime.executor=ray-tasks",
+                   "runtime.max_restarts=1", "runtime.node_wait_s=120")
         assert rdt.returncode == 0, rdt.stdout[-3000:] + rdt.stderr[-3000:]
         (rdt_dir,) = (tmp_path / "rdt").iterdir()
         assert "sync -> generate  by rdt" in (rdt_dir / "plan.txt").read_text()

@@ -179,7 +179,13 @@ class RayExecutor(Executor):
             if waiting:
                 self.on_status("starting " + ", ".join(f"{names[r]} ({self._loading(names[r])})" for r in waiting)
                                + f" {elapsed:.0f} s")
-        info = dict(zip(refs, ray.get(list(refs.values()))))
+        try:
+            info = dict(zip(refs, ray.get(list(refs.values()))))
+        except ray.exceptions.RayActorError as e:        # its process or its node died while it started
+            gone = getattr(e, "actor_id", None)
+            name = next((n for n, a in self.actors.items() if gone and a._actor_id.hex() == gone), "an actor")
+            raise NodeFailure(name, -1, f"actor {name} died while starting ({type(e).__name__}): its process "
+                                        "or its node is gone") from None
         for name, i in info.items():
             if i["error"]:
                 raise NodeFailure.from_message(i["error"])
