@@ -182,8 +182,7 @@ class RayExecutor(Executor):
         try:
             info = dict(zip(refs, ray.get(list(refs.values()))))
         except ray.exceptions.RayActorError as e:        # its process or its node died while it started
-            gone = getattr(e, "actor_id", None)
-            name = next((n for n, a in self.actors.items() if gone and a._actor_id.hex() == gone), "an actor")
+            name = self._named(e) or "an actor"
             raise NodeFailure(name, -1, f"actor {name} died while starting ({type(e).__name__}): its process "
                                         "or its node is gone") from None
         for name, i in info.items():
@@ -244,18 +243,22 @@ class RayExecutor(Executor):
         """A step's RayActorError as a NodeFailure naming the node whose actor is gone (its process, or the
         host it ran on: a lost node), so that the supervisor restarts."""
         self.hang_seen = True
-        gone = getattr(err, "actor_id", None)
-        for name, a in self.actors.items():
-            if gone and a._actor_id.hex() == gone:
-                node, at = self._last_op(name, step, fired)
-                where = self.info.get(name, {}).get("node_id", "")[:8]
-                return NodeFailure(node, at, f"actor {name} is gone ({type(err).__name__}): its process or its "
-                                             f"node {where} died")
+        name = self._named(err)
+        if name is not None:
+            node, at = self._last_op(name, step, fired)
+            where = self.info.get(name, {}).get("node_id", "")[:8]
+            return NodeFailure(node, at, f"actor {name} is gone ({type(err).__name__}): its process or its "
+                                         f"node {where} died")
         try:
             self.check_alive(step, fired)
         except NodeFailure as f:
             return f
         return NodeFailure("(unknown)", step, f"an actor is gone: {type(err).__name__}: {err}")
+
+    def _named(self, err) -> str | None:
+        """Which of our actors a RayActorError is about (None when it does not say)."""
+        gone = getattr(err, "actor_id", None)
+        return next((n for n, a in self.actors.items() if gone and a._actor_id.hex() == gone), None)
 
     def check_alive(self, step: int, fired) -> None:
         """Raise a NodeFailure naming the node whose actor process died (e.g. killed, out of memory)."""
