@@ -1,5 +1,5 @@
 """One trainer rank for bench/scale.py and tests/test_sharded.py:
-``python bench/fsdp_rank.py RANK WORLD PORT OUT GRAPH MODE [lora]``.
+``python bench/fsdp_rank.py RANK WORLD PORT OUT GRAPH MODE [lora] [key=value ...]``.
 
 MODE ``single`` trains one unsharded actor on the rows in the order two ranks see them; ``fsdp`` trains rank
 RANK of WORLD sharded ranks. Two batches, two optimizer steps each; then an export through the sync node, and
@@ -21,14 +21,15 @@ from omnigraph.transports import collectives, groups  # noqa: E402
 
 rank, world, port, out, graph, mode = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
                                        sys.argv[5], sys.argv[6])
-lora = len(sys.argv) > 7 and sys.argv[7] == "lora"
+lora = "lora" in sys.argv[7:]
+extra = [a for a in sys.argv[7:] if "=" in a]      # graph overrides, e.g. pools.trainer.gpus=1 on a GPU
 torch.set_num_threads(1)
 over = ["nodes.update.mini_batch_size=64", "nodes.update.micro_batch_size=8", f"pools.trainer.actors={world}", "runtime.executor=ray"]
 if mode == "fsdp":
     over.append("pools.trainer.sharding=fsdp")
 if lora:
     over += ["nodes.update.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}", "nodes.sync.payload=lora"]
-spec = og.load(graph, over)
+spec = og.load(graph, over + extra)
 gen, _ = build_node(spec, "generate")
 batch = gen.generate(0, prompts(spec, 0), Weights(0))
 batch = build_node(spec, "reward")[0].score(0, batch)

@@ -18,6 +18,8 @@
    on one node (``channel_same_node``). Each transfer ends when the receiver has read every tensor.
 
     python bench/scale.py [--quick]
+    python bench/scale.py --gpu [--quick]     (on a CUDA machine: one FSDP2 rank over NCCL vs one actor on
+                                              the GPU graph, then both trainers in a GPU run)
 
 Human-readable lines, then one JSON line (last).
 """
@@ -37,9 +39,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 GRAPH = ROOT / "graphs" / "grpo_one_step_off.yaml"
+GPU_GRAPH = ROOT / "graphs" / "gpu" / "grpo_one_step_off.yaml"
 
 
-def fsdp(tmp: Path) -> dict:
+def fsdp(tmp: Path, graph: Path = GRAPH, world: int = 2, extra: tuple[str, ...] = ()) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -48,22 +51,50 @@ def fsdp(tmp: Path) -> dict:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         out = tmp / f"{mode}-{world}.pt"
         procs = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "fsdp_rank.py"), str(r), str(world),
-                                   str(store.port), str(out), str(GRAPH), mode], cwd=ROOT, env=env,
+                                   str(store.port), str(out), str(graph), mode, *extra], cwd=ROOT, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
         res = [p.communicate(timeout=600) for p in procs]
         if any(p.returncode for p in procs):
             raise RuntimeError("\n".join(err[-3000:] for _, err in res))
         return torch.load(out)
 
-    one, two = train(1, "single"), train(2, "fsdp")
+    one, two = train(1, "single"), train(world, "fsdp")
     diff = max(float((one["weights"][k] - two["weights"][k]).abs().max()) for k in one["weights"])
-    print(f"fsdp: 2 ranks vs 1 actor, max |diff| {diff:.2e}; state per rank {two['mem_mb']:.2f} MB vs "
-          f"{one['mem_mb']:.2f} MB; exact resume {two['exact']}; {two['seconds']:.2f} s vs {one['seconds']:.2f} s "
-          "for the two updates", flush=True)
-    return {"fsdp_max_abs_diff": diff, "fsdp_mem_ratio": round(two["mem_mb"] / one["mem_mb"], 4),
-            "fsdp_state_mb_rank": round(two["mem_mb"], 3), "fsdp_state_mb_single": round(one["mem_mb"], 3),
-            "fsdp_exact_resume": two["exact"], "fsdp_update_s": round(two["seconds"] / 2, 4),
-            "single_update_s": round(one["seconds"] / 2, 4)}
+    print(f"fsdp: {world} rank(s) on {two['device']} vs 1 actor, max |diff| {diff:.2e}; state per rank "
+          f"{two['mem_mb']:.2f} MB vs {one['mem_mb']:.2f} MB; exact resume {two['exact']}; {two['seconds']:.2f} s "
+          f"vs {one['seconds']:.2f} s for the two updates", flush=True)
+    out = {"fsdp_max_abs_diff": diff, "fsdp_mem_ratio": round(two["mem_mb"] / one["mem_mb"], 4),
+           "fsdp_state_mb_rank": round(two["mem_mb"], 3), "fsdp_state_mb_single": round(one["mem_mb"], 3),
+           "fsdp_exact_resume": two["exact"], "fsdp_update_s": round(two["seconds"] / 2, 4),
+           "single_update_s": round(one["seconds"] / 2, 4), "fsdp_device": two["device"], "fsdp_world": world}
+    if two.get("gpu_mem_gb") is not None:
+        out |= {"fsdp_gpu_mem_gb": round(float(two["gpu_mem_gb"]), 3), "single_gpu_mem_gb": round(float(one["gpu_mem_gb"]), 3)}
+    return out
+
+
+def gpu_runs(tmp: Path, iterations: int) -> dict:
+    """On one GPU: the GPU graph trained by one unsharded trainer and by a one-rank FSDP2 trainer (NCCL), the
+    trainer holding the whole card (a sharded pool takes whole GPUs) and the rollout on CPU cores."""
+    out = {}
+    for mode in ("single", "fsdp"):
+        run_dir = tmp / f"gpu-{mode}"
+        over = ["pools.rollout.gpus=0", "pools.rollout.cpus=4", "pools.trainer.gpus=1", "pools.trainer.cpus=4",
+                "runtime.executor=ray", f"schedule.iterations={iterations}", "checkpoint.every=10",
+                f"runtime.run_dir={run_dir}"] + (["pools.trainer.sharding=fsdp"] if mode == "fsdp" else [])
+        done = subprocess.run([sys.executable, "-m", "omnigraph.cli", "run", str(GPU_GRAPH), *over],
+                              capture_output=True, text=True, timeout=900, cwd=ROOT)
+        if done.returncode != 0:
+            print(done.stdout[-3000:], done.stderr[-3000:])
+            out[f"gpu_{mode}_run_ok"] = False
+            continue
+        (d,) = run_dir.iterdir()
+        summary = json.loads((d / "summary.json").read_text())
+        out |= {f"gpu_{mode}_run_ok": summary["groups_lost"] == 0, f"gpu_{mode}_s_per_step": summary["s_per_step"],
+                f"gpu_{mode}_reward_first": round(summary["reward_first"], 4),
+                f"gpu_{mode}_reward_last": round(summary["reward_last"], 4)}
+        print(f"gpu run, trainer {mode}: {summary['s_per_step']} s/step, reward {summary['reward_first']:.3f} -> "
+              f"{summary['reward_last']:.3f}, groups lost {summary['groups_lost']}", flush=True)
+    return out
 
 
 def cluster_runs(c, tmp: Path, iterations: int) -> dict:
@@ -191,9 +222,16 @@ def main() -> int:
     from omnigraph.cluster import LocalCluster
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations and transfers")
+    ap.add_argument("--gpu", action="store_true", help="on a CUDA machine: FSDP2 over NCCL, one rank, and GPU runs")
     record.add_arguments(ap)
     args = ap.parse_args()
     result: dict = {}
+    if args.gpu:
+        with tempfile.TemporaryDirectory(prefix="og-scale-") as tmp:
+            result |= fsdp(Path(tmp), GPU_GRAPH, 1, ("pools.trainer.gpus=1",))
+            result |= gpu_runs(Path(tmp), 20 if args.quick else 40)
+        record.emit("scale_gpu", result, args)
+        return 0
     with tempfile.TemporaryDirectory(prefix="og-scale-") as tmp:
         result |= fsdp(Path(tmp))
         with LocalCluster() as c:
