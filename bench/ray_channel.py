@@ -9,7 +9,8 @@ pages) are really moved; its checksum must equal the driver's over the same tens
 The driver times ``execute`` -> ``get`` for the full payload and for one small tensor (control cost), and
 times the same touch locally, on the tensors in its own memory (the reading cost without any transfer).
 :func:`channel_timings` returns all three; :func:`channel_seconds` returns the **transfer alone**:
-full - small - local touch (medians of ``repeats``, after one warm-up each).
+full - small - local touch (medians of ``repeats``, after one warm-up each). :func:`direct_timings` measures
+Ray Direct Transport and the object store the same way.
 """
 
 from __future__ import annotations
@@ -93,6 +94,64 @@ def channel_timings(tensors: dict, repeats: int) -> dict:
     touch_s = statistics.median(local[1:])
     return {"full_s": full, "small_s": small, "touch_s": touch_s, "transfer_s": max(full - small - touch_s, 1e-9),
             "bytes": size}
+
+
+def direct_timings(tensors: dict, repeats: int) -> dict:
+    """The same measurement as :func:`channel_timings` for two other ways between two plain Ray actors of one
+    host: Ray Direct Transport over a gloo group (``rdt``: the producing call returns with
+    ``tensor_transport="gloo"``, the object store keeps a reference) and the object store (``store``: an ordinary
+    call's return value). Each: ``{"full_s", "small_s", "touch_s", "transfer_s"}``; the consumer checks the
+    checksum; one Ray session of its own."""
+    import ray
+    import torch
+    from ray.experimental.collective import create_collective_group
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", configure_logging=False)
+    read = _by_value(touch)
+
+    class Peer:
+        def __init__(self, tensors):
+            self.full = tensors
+            self.small = {"x": torch.zeros(1)}
+
+        def send(self, which):
+            return self.full if which else self.small
+
+        @ray.method(tensor_transport="gloo")
+        def send_rdt(self, which):
+            return self.full if which else self.small
+
+        def take(self, tensors):
+            return read(tensors)
+
+    want = touch(tensors)
+    local = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        touch(tensors)
+        local.append(time.perf_counter() - t)
+    touch_s = statistics.median(local[1:])
+    try:
+        Actor = ray.remote(num_cpus=0, enable_tensor_transport=True)(Peer)
+        prod, cons = Actor.remote(ray.put(tensors)), Actor.remote(ray.put({}))
+        create_collective_group([prod, cons], backend="torch_gloo")
+        out = {}
+        for name, send in (("rdt", prod.send_rdt), ("store", prod.send)):
+            times = {0: [], 1: []}
+            for i in range(2 * (repeats + 1)):
+                which = i % 2
+                t = time.perf_counter()
+                got = ray.get(cons.take.remote(send.remote(which)), timeout=300)
+                times[which].append(time.perf_counter() - t)
+                if which and got != want:
+                    raise RuntimeError(f"{name}: the consumer's checksum {got} differs from the sender's {want}")
+            full, small = statistics.median(times[1][1:]), statistics.median(times[0][1:])
+            out[name] = {"full_s": full, "small_s": small, "touch_s": touch_s,
+                         "transfer_s": max(full - small - touch_s, 1e-9)}
+        return out
+    finally:
+        ray.shutdown()
 
 
 def _by_value(fn):

@@ -11,7 +11,9 @@ generate backend (``nodes.vllm_backend``), on SmolLM2-135M. One sync is
   side maps the file. For comparison, the compiled graph's channel
   carrying the same tensors as a dict between two actors (the path before
   ``shm``) is measured too (``channel_s``, ``bench/ray_channel.py``: the receiving actor reads
-  every byte; the same read done locally and the graph's control cost are taken off);
+  every byte; the same read done locally and the graph's control cost are taken off), and so are Ray
+  Direct Transport over gloo (``rdt_s``: the ``ray-tasks`` executor's path on a cluster) and the object
+  store (``object_store_s``: plain calls), between two plain actors, measured the same way;
 - ``load``: the engine takes them in place (``reload_weights`` through the
   worker extension, tied head re-tied, prefix cache reset), or for LoRA a
   new adapter version (``LoRARequest``), or the adapter merged into the
@@ -146,6 +148,8 @@ def main() -> int:
     from ray_channel import channel_timings
     channel = channel_timings(state, repeats)      # the consumer reads every byte; the local read is taken off
     channel_s = channel["transfer_s"]
+    from ray_channel import direct_timings
+    direct = direct_timings(state, repeats)        # Ray Direct Transport (gloo) and the object store, the same way
     adapter, _ = run_case(base + lora + ["nodes.generate.lora_serving=adapter"], repeats)
     merged, _ = run_case(base + lora + ["nodes.generate.lora_serving=merged"], repeats)
     print(f"{'payload':<16} {'MB':>8} {'export s':>9} {'hand-over s':>12} {'load s':>7} {'sync s':>7} {'GB/s':>6}")
@@ -161,6 +165,10 @@ def main() -> int:
           f"{path_gb_s:.2f} GB/s ({path_gb_s / memcpy:.0%}), {full['pickled_bytes']} bytes pickled; "
           f"the compiled graph's channel between two actors (a run's hand-over) {channel_s:.3f} s, "
           f"{channel_gb_s:.2f} GB/s ({channel_gb_s / memcpy:.0%})")
+    direct_gb_s = {k: nbytes(state) / v["transfer_s"] / 1e9 for k, v in direct.items()}
+    print(f"the same tensors between two plain actors: Ray Direct Transport (gloo) {direct['rdt']['transfer_s']:.3f} s, "
+          f"{direct_gb_s['rdt']:.2f} GB/s; the object store {direct['store']['transfer_s']:.3f} s, "
+          f"{direct_gb_s['store']:.2f} GB/s")
     record.emit("weight_sync", {
         "full_sync_s": round(full["sync_s"], 4), "full_gb_s": round(full_gb_s, 3),
         "lora_sync_s": round(adapter["sync_s"], 4), "lora_merged_sync_s": round(merged["sync_s"], 4),
@@ -173,6 +181,10 @@ def main() -> int:
         "channel_s": round(channel_s, 4), "channel_gb_s": round(channel_gb_s, 3),
         "channel_fraction_of_memcpy": round(channel_gb_s / memcpy, 3),
         "channel_parts_s": {k: round(channel[k], 4) for k in ("full_s", "small_s", "touch_s")},
+        "rdt_s": round(direct["rdt"]["transfer_s"], 4), "rdt_gb_s": round(direct_gb_s["rdt"], 3),
+        "object_store_s": round(direct["store"]["transfer_s"], 4), "object_store_gb_s": round(direct_gb_s["store"], 3),
+        "rdt_parts_s": {k: round(direct["rdt"][k], 4) for k in ("full_s", "small_s", "touch_s")},
+        "object_store_parts_s": {k: round(direct["store"][k], 4) for k in ("full_s", "small_s", "touch_s")},
         "full_parts_s": {k: round(full[k], 4) for k in ("export_s", "handover_s", "load_s", "engine_load_s")},
         "full_first_sync_s": round(full["first_sync_s"], 4), "full_in_place": full["in_place"], "full_direct": full["direct"],
         "warmups": KEEP + 1,

@@ -69,7 +69,7 @@ def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
     _rates(nodes, edges, errors)
     _batch_arithmetic(spec, nodes, errors)
     _placement(spec, cluster, errors)
-    _weights_paths(spec, nodes, errors)
+    _weights_paths(spec, nodes, edges, errors)
     _references(spec, nodes, errors)
     errors.raise_if_any()
     data = _data(spec, errors)
@@ -337,14 +337,21 @@ def _placement(spec: GraphSpec, cluster: dict[str, float] | None, errors: _Error
                        where="pools", fix=f"lower pools.*.{res} or actors, or join a larger cluster (--address)")
 
 
-def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
-    """Every exporter's weights path can be had (the plan asks :func:`omnigraph.transports.choose` again)."""
+def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
+    """Every exporter's weights path, and every data edge's path, can be had (the plan asks
+    :func:`omnigraph.transports.choose` and :func:`~omnigraph.transports.choose_data` again)."""
     for n in nodes.values():
         if n.role == "exporter":
             try:
                 transports.choose(spec, n.name)
             except GraphError as e:
                 errors.extend(e)
+    for e in edges:
+        if not e.state:
+            try:
+                transports.choose_data(spec, e.src, e.dst, e.transport, spec.edges[e.index].arrow)
+            except GraphError as err:
+                errors.extend(err)
 
 
 def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:

@@ -70,7 +70,9 @@ def test_two_node_cluster_places_pools_by_label_and_survives_losing_a_node(tmp_p
                    "runtime.max_restarts=1", "runtime.node_wait_s=120")
         assert rdt.returncode == 0, rdt.stdout[-3000:] + rdt.stderr[-3000:]
         (rdt_dir,) = (tmp_path / "rdt").iterdir()
-        assert "sync -> generate  by rdt" in (rdt_dir / "plan.txt").read_text()
+        plan = (rdt_dir / "plan.txt").read_text()
+        assert "sync -> generate  by rdt" in plan
+        assert "rollout.0:reward.batch -> trainer.0:old_logprob.batch  rdt" in plan, plan   # the batches too
         rewards = [json.loads(x)["reward_mean"] for x in (rdt_dir / "metrics.jsonl").read_text().splitlines()
                    if "reward_mean" in json.loads(x)]
         assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.3, rewards      # the rollout got new weights
@@ -95,3 +97,26 @@ def test_the_weights_path_fits_the_executor_on_a_cluster(tmp_path):
     with pytest.raises(GraphError) as e:
         og.compile(asked, overrides=on + ["runtime.executor=ray"])
     assert "transport: rdt" in str(e.value) and "ray-tasks" in str(e.value)
+
+
+def test_batches_cross_by_rdt_on_a_cluster_and_a_bad_data_path_is_named(tmp_path):
+    import omnigraph as og
+    from omnigraph.errors import GraphError
+
+    def kinds(plan):
+        return {c.transport for c in plan.channels if not c.edge.state and c.transport != "local"}
+    on = ["runtime.address=127.0.0.1:6379"]
+    assert kinds(og.compile(GRAPH, overrides=on + ["runtime.executor=ray-tasks"])) == {"rdt"}
+    assert kinds(og.compile(GRAPH, overrides=on + ["runtime.executor=ray"])) == {"shm"}
+    assert kinds(og.compile(GRAPH, overrides=["runtime.executor=ray-tasks"])) == {"shm"}      # one host
+    gpu = og.compile(GRAPHS / "gpu" / "grpo_one_step_off.yaml", overrides=on + ["runtime.executor=ray-tasks"])
+    assert kinds(gpu) == {"rdt"} and gpu.weights["sync"] != "rdt"      # batches are host tensors; weights by nccl/ipc
+    for asked, executor, said in (("rdt", "ray", "ray-tasks"), ("pigeon", "ray-tasks", "a data edge takes auto")):
+        g = tmp_path / f"{asked}.yaml"
+        g.write_text(GRAPH.read_text().replace("- reward -> old_logprob: {delay: 1}",
+                                               f"- reward -> old_logprob: {{delay: 1, transport: {asked}}}"))
+        assert "transport: " + asked in g.read_text()
+        with pytest.raises(GraphError) as e:
+            og.compile(g, overrides=on + [f"runtime.executor={executor}"])
+        assert f"transport: {asked} on the data edge reward -> old_logprob" in str(e.value) and said in str(e.value)
+        assert "edges.reward -> old_logprob" in str(e.value)

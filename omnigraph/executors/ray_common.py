@@ -220,11 +220,19 @@ class RayExecutor(Executor):
 
     def snapshot(self) -> dict[str, bytes]:
         refs = {n: a.snapshot.options(concurrency_group="control").remote() for n, a in self.actors.items()}
-        return dict(zip(refs, ray.get(list(refs.values()), timeout=START_TIMEOUT_S)))
+        return dict(zip(refs, self._control(list(refs.values()))))
 
     def restore(self, snaps: dict[str, bytes]) -> None:
-        ray.get([a.restore.options(concurrency_group="control").remote(snaps[n]) for n, a in self.actors.items()],
-                timeout=START_TIMEOUT_S)
+        self._control([a.restore.options(concurrency_group="control").remote(snaps[n])
+                       for n, a in self.actors.items()])
+
+    def _control(self, refs: list) -> list:
+        """The results of control calls (snapshot, restore, finish) on every actor; an actor or its node lost meanwhile
+        is a NodeFailure (the supervisor restarts from the last checkpoint), not Ray's error."""
+        try:
+            return ray.get(refs, timeout=START_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
+            raise self.lost(-1, frozenset(), e) from None
 
     def placement(self) -> dict[str, dict[str, Any]]:
         """Where each actor runs: its node's id and labels."""
@@ -304,7 +312,7 @@ class RayExecutor(Executor):
 
     def finish(self, run_dir: str) -> None:
         refs = [a.finish.options(concurrency_group="control").remote(run_dir) for a in self.actors.values()]
-        for err in ray.get(refs, timeout=START_TIMEOUT_S):
+        for err in self._control(refs):
             if err:
                 raise NodeFailure.from_message(err)
 

@@ -6,10 +6,11 @@ call taking its producers' object refs; Ray resolves them, and each actor
 runs its calls in submission order, which is the plan's order. Step ``t + 1``
 is submitted before step ``t``'s results are read, so actors overlap as in
 the compiled graph. Values cross actors through the object store, except
-the weights on the ``rdt`` path: the exporting call is submitted with Ray
-Direct Transport (``tensor_transport="gloo"``) over a collective group of the
-trainer's and the receivers' actors, formed before step 0, so the tensors go
-from actor to actor and the object store holds only a reference.
+on the ``rdt`` path (weights, and batches on a cluster): the
+producing call is submitted with Ray Direct Transport
+(``tensor_transport="gloo"``) over one collective group of every actor on
+either end of such a channel, formed before step 0, so the tensors go from
+actor to actor and the object store holds only a reference.
 """
 
 from __future__ import annotations
@@ -32,17 +33,21 @@ class RayTasksExecutor(RayExecutor):
         return {"enable_tensor_transport": True} if self._direct() else {}
 
     def _direct(self) -> set[str]:
-        return {n for n, path in self.plan.weights.items() if path == "rdt"}
+        """Nodes whose calls return their values by Ray Direct Transport: an exporter on the ``rdt`` weights
+        path, a producer of a batch that crosses to another actor on ``rdt``."""
+        return {c.src.node for c in self.plan.channels if c.transport == "rdt"}
 
     def start(self) -> None:
         super().start()
         self.direct = self._direct()
         if self.direct:
             from ray.experimental.collective import create_collective_group
-            members = sorted({a for c in self.plan.channels if c.edge.state and c.edge.src in self.direct
+            members = sorted({a for c in self.plan.channels if c.src.node in self.direct and c.transport != "local"
                               for a in (c.src.actor, c.dst.actor)})
             create_collective_group([self.actors[a] for a in members], backend="torch_gloo")
-            self.on_status(f"weights by Ray Direct Transport (gloo): {', '.join(members)}")
+            what = " and ".join(x for x, on in (("weights", any(self.plan.weights.get(n) == "rdt" for n in self.direct)),
+                                                ("batches", any(n not in self.plan.weights for n in self.direct))) if on)
+            self.on_status(f"{what} by Ray Direct Transport (gloo): {', '.join(members)}")
 
     def _submit(self, t: int, fired: frozenset) -> list:
         inp = (t, tuple(sorted(fired)))

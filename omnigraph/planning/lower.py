@@ -4,7 +4,8 @@
 - a node runs on every actor of its pool (its data-parallel ranks), except an
   exporter (``sync``), which exports once, from rank 0;
 - a zero-delay edge between actors is a channel, within an actor a plain
-  local value; batches cross as host tensors (``shm``); weights take the
+  local value; batches cross as host tensors (``shm``, or ``rdt`` for ``ray-tasks`` on a cluster:
+  :func:`omnigraph.transports.choose_data`); weights take the
   path chosen once per exporter (:func:`omnigraph.transports.choose`);
 - a delayed edge is a FIFO buffer held inside the consumer's actor: the
   consumer's ``run`` pops the value of ``t - d`` and a later ``stash`` task on
@@ -46,7 +47,7 @@ def lower(graph: Graph, staleness: Report, timings: dict[str, float] | None = No
                 target = Task("stash", e.dst, consumer.actor, r, e, role=graph.nodes[e.dst].role)
                 deps[target] = producers + [consumer]
             for p in producers:
-                channels.append(Channel(p, target, e, _transport(weights, p.actor, target.actor, e)))
+                channels.append(Channel(p, target, e, _transport(graph.spec, weights, p.actor, target.actor, e)))
     order = _global_order(graph, deps)
     actors = actors_of(graph)
     per_actor = {a: [t for t in order if t.actor == a] for a in actors}
@@ -112,12 +113,12 @@ def _global_order(graph: Graph, deps: dict[Task, list[Task]]) -> list[Task]:
     return out
 
 
-def _transport(weights: dict[str, str], src_actor: str, dst_actor: str, e: Edge) -> str:
+def _transport(spec, weights: dict[str, str], src_actor: str, dst_actor: str, e: Edge) -> str:
     if src_actor == dst_actor:
         return "local"
     if e.state and e.src in weights:
         return weights[e.src]
-    return "nccl" if e.transport == "nccl" else "shm"   # batches are host tensors: shared memory
+    return transports.choose_data(spec, e.src, e.dst, e.transport, f"{e.src} -> {e.dst}")
 
 
 def _groups(plan: Plan) -> list[Group]:

@@ -16,6 +16,11 @@ path           when, and what crosses the graph's channel
                object store holds a reference, the receivers pull the tensors over gloo
 =============  ====================================================================================
 
+Batches (data edges) cross between actors as host tensors through the executor's own channel (``shm`` in
+the plan: the compiled graph's shared-memory channel, or the object store for ``ray-tasks``), ``nccl``
+when the edge asks, or ``rdt`` (the ``ray-tasks`` executor: Ray Direct Transport over gloo, chosen on a
+cluster, where it beat the object store from about 0.1 MB up): :func:`choose_data`.
+
 The compiler chooses the path once per exporter (:func:`choose`): the weights
 edge's ``transport`` when it names one (and the placement allows it), else the
 fastest the placement allows. ``plan.txt`` prints the choice and every actor
@@ -35,6 +40,25 @@ from .. import plugins
 from ..errors import GraphError
 
 BUILT_IN = ("shm", "cuda-ipc", "nccl", "host", "channel", "rdt")
+DATA_PATHS = ("shm", "nccl", "rdt")
+
+
+def choose_data(spec, src: str, dst: str, asked: str, arrow: str) -> str:
+    """The path of a data edge's values between actors (the edge ``src -> dst``, its ``transport``
+    ``asked``); a GraphError names the edge when the path cannot be had or is no data path. Batches are
+    host tensors whatever the pools' devices, so ``rdt`` (gloo) carries them between GPU pools too."""
+    tasks = spec.runtime.executor == "ray-tasks"
+    if asked == "auto":
+        return "rdt" if tasks and spec.runtime.address else "shm"
+    if asked not in DATA_PATHS:
+        raise GraphError(f"transport: {asked} on the data edge {arrow}: a data edge takes auto, "
+                         f"{', '.join(DATA_PATHS)}", where=f"edges.{arrow}",
+                         fix="remove transport (auto) or name one of those")
+    if asked == "rdt" and not tasks:
+        raise GraphError(f"transport: rdt on the data edge {arrow}: Ray Direct Transport carries the ray-tasks "
+                         "executor's calls (runtime.executor: ray-tasks)", where=f"edges.{arrow}",
+                         fix="remove transport (auto), or run with runtime.executor: ray-tasks")
+    return asked
 
 
 def choose(spec, node: str) -> str:
