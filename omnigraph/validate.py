@@ -349,7 +349,7 @@ def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], edges: list[Edge], e
     for e in edges:
         if not e.state:
             try:
-                transports.choose_data(spec, e.src, e.dst, e.transport, spec.edges[e.index].arrow)
+                transports.choose_data(spec, e.transport, spec.edges[e.index].arrow)
             except GraphError as err:
                 errors.extend(err)
 

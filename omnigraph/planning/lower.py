@@ -118,7 +118,7 @@ def _transport(spec, weights: dict[str, str], src_actor: str, dst_actor: str, e:
         return "local"
     if e.state and e.src in weights:
         return weights[e.src]
-    return transports.choose_data(spec, e.src, e.dst, e.transport, f"{e.src} -> {e.dst}")
+    return transports.choose_data(spec, e.transport, spec.edges[e.index].arrow)
 
 
 def _groups(plan: Plan) -> list[Group]:

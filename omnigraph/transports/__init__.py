@@ -19,7 +19,7 @@ path           when, and what crosses the graph's channel
 Batches (data edges) cross between actors as host tensors through the executor's own channel (``shm`` in
 the plan: the compiled graph's shared-memory channel, or the object store for ``ray-tasks``), ``nccl``
 when the edge asks, or ``rdt`` (the ``ray-tasks`` executor: Ray Direct Transport over gloo, chosen on a
-cluster, where it beat the object store from about 0.1 MB up): :func:`choose_data`.
+cluster, where it beat the object store for objects of a few hundred KB and up): :func:`choose_data`.
 
 The compiler chooses the path once per exporter (:func:`choose`): the weights
 edge's ``transport`` when it names one (and the placement allows it), else the
@@ -43,10 +43,10 @@ BUILT_IN = ("shm", "cuda-ipc", "nccl", "host", "channel", "rdt")
 DATA_PATHS = ("shm", "nccl", "rdt")
 
 
-def choose_data(spec, src: str, dst: str, asked: str, arrow: str) -> str:
-    """The path of a data edge's values between actors (the edge ``src -> dst``, its ``transport``
-    ``asked``); a GraphError names the edge when the path cannot be had or is no data path. Batches are
-    host tensors whatever the pools' devices, so ``rdt`` (gloo) carries them between GPU pools too."""
+def choose_data(spec, asked: str, arrow: str) -> str:
+    """The path of a data edge's values between actors (the edge ``arrow``, its ``transport`` ``asked``); a
+    GraphError names the edge when the path cannot be had or is no data path. Batches are host tensors
+    whatever the pools' devices, so ``rdt`` (gloo) carries them between GPU pools too."""
     tasks = spec.runtime.executor == "ray-tasks"
     if asked == "auto":
         return "rdt" if tasks and spec.runtime.address else "shm"
