@@ -5,6 +5,7 @@
     omnigraph viz GRAPH.yaml [-f mermaid|dot|ascii|png] [-o FILE] [--timeline]
     omnigraph ledger RUN_DIR [--json]
     omnigraph plan [GRAPH.yaml] --timings RUN_DIR [--json]
+    omnigraph plan [GRAPH.yaml] --timings RUN_DIR [--timings RUN_DIR ...] --devices N [--write PATH]
 
 A mistake the user can make ends in one message and exit code 1, never a
 traceback. ``main(argv)`` returns the exit code, for tests.
@@ -21,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import viz
+from . import viz, yamlio
 from .errors import GraphError, NodeFailure, StalenessError
-from .planning import compile, to_spec, whatif
+from .planning import compile, layouts, to_spec, whatif
 from .runtime import interrupt, run
 from .runtime.ledger import format_summary, read
 from .runtime.requeue import run_to_continue
@@ -75,7 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("plan", help="predicted step time of each schedule, from a run's measured node times")
     w.add_argument("graph", nargs="?", help="graph YAML file (default: the run's config.yaml)")
     w.add_argument("overrides", nargs="*", metavar="key.path=value", help="override fields, e.g. pools.rollout.actors=2")
-    w.add_argument("--timings", metavar="RUN_DIR", required=True, help="a run directory whose node times to use")
+    w.add_argument("--timings", metavar="RUN_DIR", required=True, action="append",
+                   help="a run directory whose node times to use; with --devices, once per run measured on other "
+                        "pool sizes (fits each node's scaling)")
+    w.add_argument("--devices", type=int, metavar="N", help="predict every split of N devices (colocated and "
+                                                            "separate pools) under every schedule, and recommend one")
+    w.add_argument("--write", metavar="PATH", help="with --devices: write the recommended layout as a graph file")
     w.add_argument("--json", action="store_true", help="print one JSON object")
     g = sub.add_parser("ledger", help="where every prompt group of a run went")
     g.add_argument("run_dir", help="a run directory")
@@ -147,12 +153,27 @@ def cmd_ledger(args) -> int:
 
 def cmd_plan(args) -> int:
     if not args.graph:
-        args.graph = str(config_of(args.timings, "--timings"))
+        args.graph = str(config_of(args.timings[0], "--timings"))
     spec = to_spec(args.graph, list(args.overrides))
-    timings, rows, info = whatif.compare(spec, args.timings)
-    print(json.dumps(whatif.as_json(timings, rows, info)) if args.json
-          else whatif.format_table(spec, args.timings, timings, rows, info))
-    return 0
+    if args.devices is None:
+        if len(args.timings) > 1 or args.write:
+            raise GraphError("several --timings runs and --write go with --devices N", where="--devices",
+                             fix="add --devices N (the devices to lay the graph out on)")
+        timings, rows, info = whatif.compare(spec, args.timings[0])
+        print(json.dumps(whatif.as_json(timings, rows, info)) if args.json
+              else whatif.format_table(spec, args.timings[0], timings, rows, info))
+        return 0
+    scaling, runs = layouts.fit_scaling(spec, args.timings)
+    rows = layouts.layouts(spec, scaling, args.devices)
+    pick = next((r for r in rows if r.recommended), None)
+    if args.write and pick is not None:
+        Path(args.write).write_text(f"# omnigraph plan --devices {args.devices}: {pick.layout}, {pick.schedule}, "
+                                    f"predicted {pick.predicted_s:.3f} s/step\n"
+                                    + yamlio.dump(layouts.chosen_spec(spec, pick)))
+    print(json.dumps(layouts.as_json(scaling, runs, rows)) if args.json
+          else layouts.format_table(spec, scaling, runs, rows, args.devices)
+          + (f"\n  written: {args.write}" if args.write and pick is not None else ""))
+    return 0 if pick is not None else 1
 
 
 def cmd_viz(args) -> int:

@@ -94,16 +94,15 @@ def _key(schedule) -> tuple[str, int | None]:
     return schedule.mode, (schedule.ahead or 1 if schedule.mode == "async" else None)
 
 
-def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dict[str, Any]]:
-    """Node costs from ``run_dir`` and one predicted row per schedule: the graph's own first, then the
-    others; the row of the run's own schedule (its ``config.yaml``) carries the measured step time."""
+def node_times(spec, run_dir: str | Path) -> tuple[dict[str, float], float | None, Any, int]:
+    """A run's steady-state node costs (the rollout's weight loading counted into its generator), its measured
+    s/step, the spec it ran (its ``config.yaml``, else ``spec``) and its number of steps."""
     rows, summary = read_run(run_dir)
     config = Path(run_dir) / "config.yaml"
     ran = compile(to_spec(config) if config.is_file() else spec)     # the run's fill and schedule
     timings = steady_medians(rows, ran.fill)
     apply_s = timings.pop("apply_weights", 0.0)
-    missing = [n for n in spec.nodes if n not in timings]
-    if len(missing) == len(spec.nodes):
+    if not any(n in timings for n in spec.nodes):
         raise GraphError(f"no node of '{spec.name}' appears in {run_dir}/metrics.jsonl", where="--timings",
                          fix="pass the graph that run was made from (its config.yaml is in the run directory)")
     for name, node in spec.nodes.items():   # the rollout loads new weights on its actor, then generates
@@ -113,7 +112,15 @@ def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dic
     if measured is None:
         steps = [r["step_s"] for r in steady(rows, ran.fill) if "step_s" in r]
         measured = statistics.median(steps) if steps else None
-    mine, theirs = _key(spec.schedule), _key(ran.graph.spec.schedule)
+    return timings, measured, ran.graph.spec, len(rows)
+
+
+def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dict[str, Any]]:
+    """Node costs from ``run_dir`` and one predicted row per schedule: the graph's own first, then the
+    others; the row of the run's own schedule (its ``config.yaml``) carries the measured step time."""
+    timings, measured, ran, steps = node_times(spec, run_dir)
+    missing = [n for n in spec.nodes if n not in timings]
+    mine, theirs = _key(spec.schedule), _key(ran.schedule)
     custom = spec.schedule.mode == "custom"
     out = [_row(compile(spec, timings=timings), label(*mine) + (" (declared delays)" if custom else ""),
                 measured, mine == theirs)]
@@ -129,7 +136,7 @@ def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dic
     base = next((r.predicted_s for r in out if r.current), out[0].predicted_s)
     for r in out:
         r.speedup = round(base / r.predicted_s, 3) if r.predicted_s else None
-    return {n: round(v, 6) for n, v in timings.items()}, out, {"missing": missing, "steps": len(rows)}
+    return {n: round(v, 6) for n, v in timings.items()}, out, {"missing": missing, "steps": steps}
 
 
 def _row(plan, name: str, measured: float | None = None, current: bool = False) -> Row:
