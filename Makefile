@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 run: venv
 	$(VENV)/bin/omnigraph run graphs/grpo_one_step_off.yaml
 
+# The slow end-to-end tests (real processes, several minutes) run in CI (CI=true) and with SLOW=1;
+# a local `make test` leaves them out so that it stays well under 20 minutes on a 2-core machine.
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(or $(CI),$(SLOW)),,-m "not slow")
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -170,9 +170,20 @@ def _torch_sync(node, options, spec) -> list:
     if options.payload == "lora" and not lora:
         return [ConfigError("payload lora but the update node trains no LoRA adapters", where=f"nodes.{node}.payload",
                             fix="set payload: full, or give the update node lora: {r: 8}")]
-    if options.payload == "full" and lora:
-        return [ConfigError("the update node trains LoRA adapters: send them, not the full weights",
+    if options.payload in ("full", "delta") and lora:
+        return [ConfigError(f"the update node trains LoRA adapters: send them, not the {options.payload} weights"
+                            + (" (a delta is of full-weight training; an adapter is already small)"
+                               if options.payload == "delta" else ""),
                             where=f"nodes.{node}.payload", fix="set payload: lora")]
+    if options.payload == "delta":
+        gens = [n for n, s in spec.nodes.items() if s.kind == "generate" and any(
+            e.src == node and e.dst == n for e in spec.edges)]
+        other = [n for n in gens if spec.nodes[n].backend != "hf"]
+        if other:
+            return [ConfigError(f"payload delta is written position by position into the rollout's own tensors; "
+                                f"generate node '{other[0]}' has backend {spec.nodes[other[0]].backend}, whose "
+                                "engine keeps its weights fused (vLLM's qkv, gate_up)", where=f"nodes.{node}.payload",
+                                fix="set payload: full, or use backend: hf on the generate node")]
     return []
 
 

@@ -261,8 +261,9 @@ class UpdateNode(NodeBase):
 class SyncNode(NodeBase):
     kind: Literal["sync"]
     backend: Backend = "torch"
-    payload: Literal["full", "lora"] = "full"
-    """``full`` weights, or ``lora`` adapter tensors only."""
+    payload: Literal["full", "lora", "delta"] = "full"
+    """``full`` weights, ``lora`` adapter tensors only, or ``delta``: after a dense first sync, only the values
+    that changed in the wire dtype, checked on arrival (``omnigraph.transports.delta``)."""
     every: int | None = Field(None, ge=1, le=1_000_000)
     """Fire on every k-th update; default ``schedule.sync_every``."""
     bucket_mb: float = Field(256, ge=0.001, le=65_536)

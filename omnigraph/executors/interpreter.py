@@ -30,7 +30,7 @@ from .. import transports
 from ..errors import NodeFailure, StalenessError
 from ..planning.plan import aligned
 from ..schedule import DelayLine
-from ..sdk import Prompt, SampleBatch, Weights
+from ..sdk import ConfigError, Prompt, SampleBatch, Weights
 from ..transports.base import portable
 from . import build, checks
 from .faults import Faults
@@ -54,6 +54,7 @@ class Interpreter:
             e.index: DelayLine(e.delay, e.state, initial=Weights(0) if e.state else None)
             for e in g.edges if e.dst in mine and (e.delay > 0 or e.state)}
         self._transports: dict[str, Any] = {}
+        self._encoders: dict[str, Any] = {}       # exporter -> its delta base (payload delta)
         """Exporter -> its weights transport on this actor (made when first used: synthetic policies never do)."""
         self.versions: dict[str, int] = {}
         """Generator -> the weights version it holds."""
@@ -166,17 +167,43 @@ class Interpreter:
 
     def load(self, node: str, impl, weights: Weights) -> None:
         """A generator takes new weights when their version differs from the one it holds."""
-        if weights.version != self.versions.get(node, 0):
+        held = self.versions.get(node, 0)
+        if weights.version != held:
+            if weights.payload == "delta" and not weights.loaded:
+                # after a restore ``held`` is -1 (reload whatever comes); the generator's restored tensors are of
+                # its own restored version, and that is what an in-flight delta must start from
+                base = held if held >= 0 else getattr(impl, "version", held)
+                weights = self._apply_delta(node, impl, weights, base)
             impl.load_weights(weights)
             self.versions[node] = weights.version
+
+    def _apply_delta(self, node: str, impl, weights: Weights, held: int) -> Weights:
+        """A delta sync written into the generator's own tensors (``transports.delta``): checked against the
+        version it holds, else a NodeFailure the supervisor restarts from (the new sender re-seeds densely)."""
+        if not hasattr(impl, "weight_targets"):
+            raise ConfigError(f"{node}: sync payload delta writes into the generator's own tensors, and this "
+                              "backend offers none (weight_targets)", where=f"nodes.{node}.backend",
+                              fix="use the hf backend, or sync payload: full")
+        from ..transports.delta import apply      # torch: only a delta sync's receivers load it
+        t0 = time.perf_counter()
+        corrupt = self.faults.at(node, self.faults.step, "delta")      # a test damaging the rollout first
+        apply(weights.tensors, impl.weight_targets("full"), held, corrupt=corrupt)
+        return Weights(weights.version, payload="full", nbytes=weights.nbytes, path=weights.path, loaded=True,
+                       arrive_s=time.perf_counter() - t0)
 
     def _export(self, node: str, impl, weights: Weights) -> Weights:
         t0 = time.perf_counter()
         state = impl.state()
         if state is None:                                  # a version-only policy (synthetic nodes)
             return Weights(version=weights.version, payload=getattr(impl, "payload", "full"))
+        extra = {}
+        if state.payload == "delta":                       # the values changed since the last export only
+            from ..transports.delta import Encoder
+            enc = self._encoders.setdefault(node, Encoder())
+            state = enc.encode(state.tensors, state.dtype, weights.version)
+            extra["sync_dense_bytes"] = enc.dense_bytes
         out = self.transport(node).export(state, weights.version, fault=self.contexts[node].fault)
-        self.contexts[node].log(sync_bytes=out.nbytes, sync_export_s=time.perf_counter() - t0)
+        self.contexts[node].log(sync_bytes=out.nbytes, sync_export_s=time.perf_counter() - t0, **extra)
         return out
 
     def transport(self, exporter: str):
@@ -229,7 +256,7 @@ class Interpreter:
             return value
         node = self.nodes.get(e.dst)
         targets = None
-        if e.delay <= 1 and hasattr(node, "weight_targets"):
+        if e.delay <= 1 and hasattr(node, "weight_targets") and value.payload != "delta":
             targets = node.weight_targets(value.payload)
         return self.transport(e.src).arrive(value, targets)
 

@@ -242,10 +242,14 @@ class Nccl(Transport):
         if g is None:
             raise RuntimeError(f"{self.node}: the nccl weights path needs the group the executor forms before "
                                "step 0 (ray and ray-tasks executors)")
-        if self.meta is None:
-            self.meta = describe(state.tensors, g.name, dtype=state.dtype, bucket_bytes=self.bucket_bytes)
-        send(self.meta, state.tensors, g, fault)
-        return Weights(version, tensors=self.meta, payload=state.payload, nbytes=self.meta.nbytes, path=self.name)
+        if state.payload == "delta":            # positions and values: a new layout each export
+            meta = describe(state.tensors, g.name, dtype=state.dtype, bucket_bytes=self.bucket_bytes)
+        else:
+            if self.meta is None:
+                self.meta = describe(state.tensors, g.name, dtype=state.dtype, bucket_bytes=self.bucket_bytes)
+            meta = self.meta
+        send(meta, state.tensors, g, fault)
+        return Weights(version, tensors=meta, payload=state.payload, nbytes=meta.nbytes, path=self.name)
 
     def arrive(self, weights: Weights, targets: Mapping[str, Any] | None = None) -> Weights:
         meta = weights.tensors

@@ -1,0 +1,139 @@
+"""``sync: {payload: delta}``: only the changed values travel, checked on arrival; a mismatch re-seeds densely."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import omnigraph as og
+from omnigraph.cli import main
+from omnigraph.runtime import run
+from omnigraph.transports.delta import HEAD, DeltaMismatch, Encoder, apply, delta_bytes
+
+from conftest import GRAPHS
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+GRAPH = str(GRAPHS / "grpo_one_step_off.yaml")
+
+
+def weights(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"a": torch.randn(64, 32, generator=g).to(torch.bfloat16), "b": torch.randn(1000, generator=g),
+            "steps": torch.tensor([3])}
+
+
+def step(w, frac, seed):
+    """Change about ``frac`` of each floating tensor's values."""
+    g = torch.Generator().manual_seed(seed)
+    for t in w.values():
+        if t.is_floating_point():
+            mask = torch.rand(t.shape, generator=g) < frac
+            t[mask] = (t[mask].float() + 0.5).to(t.dtype)
+
+
+def test_a_chain_of_deltas_rebuilds_the_sender_bit_for_bit_and_sends_only_what_changed():
+    w, enc = weights(), Encoder()
+    first = enc.encode(w, None, version=1)
+    assert first.payload == "full"
+    mine = {k: v.clone() for k, v in first.tensors.items()}
+    held = 1
+    for v in range(2, 7):
+        step(w, 0.05, v)
+        d = enc.encode(w, None, version=v)
+        assert d.payload == "delta" and int(d.tensors[HEAD][0]) == held
+        assert delta_bytes(d.tensors) < 0.2 * enc.dense_bytes        # 5% changed: positions + values
+        apply(d.tensors, mine, held)
+        held = v
+        assert all(torch.equal(mine[k].view(-1).view(torch.uint8), w[k].view(-1).view(torch.uint8)) for k in w)
+    d = enc.encode(w, None, version=7)                    # nothing changed: nothing but the head
+    assert delta_bytes(d.tensors) == 0 and int(d.tensors[HEAD][1]) == 0
+
+
+def test_a_tensor_mostly_changed_goes_whole_and_a_cast_is_compared_in_the_wire_dtype():
+    w = {"x": torch.ones(100)}
+    enc = Encoder()
+    mine = {k: v.to(torch.bfloat16) for k, v in enc.encode(w, torch.bfloat16, 1).tensors.items()}
+    w["x"][10:] += 0.5                                    # 90% changed: the whole tensor beats positions + values
+    d = enc.encode(w, torch.bfloat16, 2)
+    assert "x::all" in d.tensors and "x::idx" not in d.tensors
+    apply(d.tensors, mine, 1)
+    assert torch.equal(mine["x"], w["x"].to(torch.bfloat16))
+    w["x"] += 1e-4                                        # below bf16's resolution at 1 and 1.5: rounds away
+    assert delta_bytes(enc.encode(w, torch.bfloat16, 3).tensors) == 0
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("version", "version 1 reached a generator holding version 0"),
+    ("value", "checksum"),
+    ("dtype", "float32"),
+    ("names", "not among them"),
+])
+def test_a_receiver_that_does_not_hold_the_base_refuses_and_writes_nothing(damage, words):
+    w, enc = weights(), Encoder()
+    mine = {k: v.clone() for k, v in enc.encode(w, None, 1).tensors.items()}
+    step(w, 0.1, 2)
+    d = enc.encode(w, None, 2)
+    held = 1
+    if damage == "version":
+        held = 0
+    elif damage == "value":
+        pos = int(d.tensors["b::idx"][0])
+        mine["b"][pos] += 1.0
+    elif damage == "dtype":
+        mine["a"] = mine["a"].float()
+    else:
+        mine["c"] = mine.pop("b")
+    before = {k: v.clone() for k, v in mine.items()}
+    with pytest.raises(DeltaMismatch, match=words):
+        apply(d.tensors, mine, held)
+    assert all(torch.equal(before[k], mine[k]) for k in mine)
+
+
+def test_a_delta_run_trains_exactly_as_a_full_one(tmp_path):
+    """float32 weights rebuilt from deltas are the same bits: the local executor's run is step for step the
+    same as with payload full; the first sync is dense, the later ones say how many bytes a dense one is."""
+    runs = {}
+    for payload in ("full", "delta"):
+        plan = og.compile(GRAPH, overrides=["schedule.iterations=6", "runtime.executor=local",
+                                            f"nodes.sync.payload={payload}"])
+        runs[payload] = run(plan, run_dir=tmp_path / payload, progress=False)
+    rows = {p: [json.loads(x) for x in (r.run_dir / "metrics.jsonl").read_text().splitlines()]
+            for p, r in runs.items()}
+    assert [r.get("reward_mean") for r in rows["full"]] == [r.get("reward_mean") for r in rows["delta"]]
+    syncs = [r for r in rows["delta"] if "sync_dense_bytes" in r]
+    assert syncs[0]["sync_bytes"] == syncs[0]["sync_dense_bytes"] and len(syncs) >= 4
+
+
+@pytest.mark.parametrize("graph, payload, words", [
+    ("grpo_one_step_off.yaml", ["nodes.update.lora.r=8"], "LoRA"),
+    ("smollm2_vllm_one_step_off.yaml", ["nodes.update.lora=null"], "fused"),
+])
+def test_delta_is_refused_where_it_cannot_apply(capsys, graph, payload, words):
+    capsys.readouterr()
+    assert main(["check", str(GRAPHS / graph), "nodes.sync.payload=delta", *payload]) == 1
+    err = capsys.readouterr().err
+    assert "nodes.sync.payload" in err and words in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_corrupted_rollout_is_caught_by_the_checksum_and_reseeded_densely(tmp_path, monkeypatch):
+    """On Ray (shm path), bf16 weights and a small step (so positions travel, not whole tensors): one of the
+    rollout's weights is changed before the delta of step 4 is applied; the checksum catches it, the
+    supervisor restarts from the checkpoint of step 3, the new sender's first export is dense, and the run
+    finishes every step."""
+    monkeypatch.setenv("OMNIGRAPH_INJECT", "generate@4/delta:corrupt")
+    plan = og.compile(GRAPH, overrides=["schedule.iterations=8", "runtime.executor=ray", "nodes.sync.payload=delta",
+                                        "model.dtype=bfloat16", "nodes.update.lr=1e-6", "checkpoint.every=2",
+                                        "runtime.max_restarts=1"])
+    assert plan.weights == {"sync": "shm"}
+    result = run(plan, run_dir=tmp_path, progress=False)
+    events = [json.loads(x) for x in (result.run_dir / "restarts.jsonl").read_text().splitlines()]
+    (restart,) = [e for e in events if e["event"] == "restart"]
+    assert restart["node"] == "generate" and "checksum" in restart["cause"], restart
+    rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    syncs = [r for r in rows if r.get("sync_dense_bytes")]
+    dense = [r["step"] for r in syncs if r["sync_bytes"] == r["sync_dense_bytes"]]
+    assert len(dense) == 2 and dense[0] == 1, dense     # the first export of each attempt, and no other
+    assert all(r["sync_bytes"] < 0.3 * r["sync_dense_bytes"] for r in syncs if r["step"] not in dense)
+    assert rows[-1]["step"] == plan.steps - 1 and not result.summary.get("groups_lost")
