@@ -3,7 +3,9 @@
 Asynchrony is not a trainer class, it is delays on edges:
 
 - the **weight edge** into each generator (``sync -> generate``) gets delay 1
-  (the weight cycle needs one; generate uses the weights of the previous step);
+  (the weight cycle needs one; generate uses the weights of the previous step),
+  except into a generator lent to the trainer's pool (``schedule.lend``): 0, it
+  samples with the weights the update just made;
 - the **data edges** where rollout work ends and trainer work begins get the
   mode's data delay: 0 for ``sync``, 1 for ``one_step_off``, k for ``async``
   with ``ahead: k``;
@@ -42,7 +44,8 @@ def mode_delays(schedule, nodes: dict[str, Node], edges: list[Edge]) -> dict[int
     out = {e.index: 0 for e in edges}
     for e in edges:
         if e.state and nodes[e.dst].role == "generator":
-            out[e.index] = 1
+            # a lent generator (schedule.lend) runs after the update on the trainer's own pool: no delay
+            out[e.index] = 0 if getattr(nodes[e.dst].spec, "lent", False) else 1
     for e in boundary_edges(nodes, edges):
         out[e.index] = k
     return out

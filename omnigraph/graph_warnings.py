@@ -23,7 +23,7 @@ def overlap_warnings(graph: Graph) -> list[str]:
     update = graph.trainer
     if any(e.delay > 0 and not e.state for e in graph.edges):
         for gen in graph.of_role("generator"):
-            if gen.pool == update.pool:
+            if gen.pool == update.pool and not getattr(gen.spec, "lent", False):   # lent: it fills the idle window
                 out.append(f"no overlap: {gen.name} and {update.name} share pool '{gen.pool}' (one actor runs them "
                            "one after another), so the asynchronous schedule buys no time: predicted step = sum; "
                            "put them on different pools to overlap")

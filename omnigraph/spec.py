@@ -182,6 +182,12 @@ class GenerateNode(NodeBase):
     still only adapter bytes on the wire; vLLM's LoRA kernels are slow on CPU)."""
     decode: DecodeSpec = DecodeSpec()
     """Backend ``hf``: static KV cache and compiled decode step, or eager ``generate`` (``auto``: static on CUDA)."""
+    lent: bool = False
+    """Set by the planner (``schedule.lend``): this generator runs on the trainer's pool, in its idle window,
+    with the weights of the update just made (its weights edge has delay 0)."""
+    prompt_share: tuple[int, int] | None = None
+    """Prompts ``[lo, hi)`` of each step's ``task.prompts`` this generator samples (default all); the planner
+    splits them between the rollout and a lent generator."""
 
 
 class RewardNode(NodeBase):
@@ -367,6 +373,11 @@ class ScheduleSpec(Strict):
     """Training steps: batches generated, and batches trained (each exactly once)."""
     on_stale: Literal["error", "drop", "wait"] = "error"
     """When a batch is staler than ``max_staleness``: stop, drop those samples, or regenerate them."""
+    lend: bool | Literal["auto"] = False
+    """Lend the trainer's pool to generation in its idle window (``omnigraph.planning.lend``): ``auto`` when
+    the predicted idle time is at least ``lend_idle`` of the step, ``true`` always, ``false`` never."""
+    lend_idle: float = Field(0.2, ge=0, le=1)
+    """``lend: auto`` lends when the trainer is predicted idle for at least this fraction of a step."""
 
     @model_validator(mode="after")
     def _ahead_only_for_async(self) -> "ScheduleSpec":

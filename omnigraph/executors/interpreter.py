@@ -86,6 +86,15 @@ class Interpreter:
         """The prompts of ``step`` with their group ids (``step * prompts + i``), rank ``rank``'s share."""
         return build.step_prompts(self.task, step, self.plan.graph.spec.task.prompts, world, rank)
 
+    def _prompts_of(self, n, step: int) -> list[Prompt]:
+        """A generator's prompts: its ``prompt_share`` of the step's (a lent generator's split), this rank's part."""
+        share = getattr(n.spec, "prompt_share", None)
+        if share is None:
+            return self.prompts(step, self.world, self.rank)
+        mine = self.prompts(step, 1, 0)[share[0]:share[1]]
+        per = len(mine) // self.world
+        return mine[self.rank * per:(self.rank + 1) * per]
+
     # -- the two entry points ------------------------------------------------
     def run(self, node: str, step: int, inputs: dict[int, list[Any]]) -> dict[str, Any]:
         g = self.plan.graph
@@ -132,7 +141,7 @@ class Interpreter:
         if n.role == "generator":
             weights = values["weights"]
             self.load(n.name, impl, weights)
-            prompts = self.prompts(step, self.world, self.rank)
+            prompts = self._prompts_of(n, step)
             carried_in = self.in_flight.get(n.name, set())
             batch = impl.generate(step, prompts, weights)
             carried_out = set(impl.in_flight()) if n.spans > 1 else set()
@@ -363,4 +372,7 @@ def _torch():
 def join(node: str, port: str, values: list[Any]) -> SampleBatch:
     if not all(isinstance(v, SampleBatch) for v in values):
         raise NodeFailure(node, -1, f"input {port} joins {len(values)} branches, but not all are sample batches")
+    groups = [set(v.group_ids) for v in values]
+    if sum(map(len, groups)) == len(set().union(*groups)):
+        return SampleBatch.concat(values)       # shares of one step's prompt groups (a lent generator's)
     return SampleBatch.join(values)

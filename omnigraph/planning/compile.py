@@ -16,6 +16,7 @@ from ..spec import GraphSpec
 from ..staleness import analyse
 from ..validate import resolve
 from ..yamlio import apply_override, load_file, validate_raw
+from .lend import plan_lend
 from .lower import lower
 from .plan import Plan
 from .order import queued_transfers
@@ -28,7 +29,7 @@ def compile(source, *, cluster: dict[str, float] | None = None,
 
     Raises :class:`GraphError` naming the node, edge or field and the fix.
     """
-    spec = to_spec(source, overrides)
+    spec, lent, timings = plan_lend(to_spec(source, overrides), timings)
     graph = resolve(spec, cluster=cluster)
     report = analyse(graph)
     s = spec.schedule
@@ -43,6 +44,7 @@ def compile(source, *, cluster: dict[str, float] | None = None,
                 "regenerate the prompt groups that exceed it with the trainer's current weights, on the trainer")
         graph.warnings.append(f"{msg}: on_stale {s.on_stale} will {what}")
     plan = lower(graph, report, timings)
+    plan.lend = lent
     plan.warnings.extend(idle_warnings(plan))
     plan.warnings.extend(queued_transfers(plan))
     return plan

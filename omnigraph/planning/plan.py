@@ -12,6 +12,7 @@ predicted step time. One plan, several executors
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..ir import Edge, Graph
 from ..precision import Precision
@@ -91,6 +92,8 @@ class Plan:
     prediction: Prediction | None = None
     warnings: list[str] = field(default_factory=list)
     dtypes: dict[str, Precision] = field(default_factory=dict)
+    lend: dict[str, Any] | None = None
+    """``schedule.lend``'s decision (:mod:`.lend`): the idle time predicted and the prompts lent; None when off."""
     """``model.dtype: auto`` on every pool that runs the model (empty for an explicit dtype)."""
 
     def __post_init__(self) -> None:

@@ -28,7 +28,10 @@ def format_plan(plan) -> str:
     for e in g.edges:
         joins.setdefault((e.dst, e.dst_port), []).append(e.src)
     for (node, port), srcs in joins.items():
-        if len(srcs) > 1:
+        if len(srcs) > 1 and plan.lend and plan.lend.get("lent_prompts") and any(x.endswith("_lent") for x in srcs):
+            out.append(f"  join {node}.{port} <- {', '.join(srcs)}: shares of one step's prompt groups, "
+                       "concatenated")
+        elif len(srcs) > 1:
             out.append(f"  join {node}.{port} <- {', '.join(srcs)}: the same batch from each, fields merged, "
                        "the oldest version counts")
     out.append("actors (tasks in order; [-> actor]: its output leaves for that actor as the task ends):")
@@ -44,6 +47,9 @@ def format_plan(plan) -> str:
         buf = f", buffer of {c.edge.delay} in {c.dst.actor}" if c.edge.delay else ""
         out.append(f"  {c.src.actor}:{c.edge.src}.{c.edge.src_port} -> {c.dst.actor}:{c.edge.dst}.{c.edge.dst_port}"
                    f"  {c.transport}{buf}")
+    if plan.lend:
+        out.append("lend:")
+        out.append("  " + lend_line(plan.lend))
     if plan.weights:
         out.append("weights:")
         for node, path in plan.weights.items():
@@ -119,3 +125,13 @@ def data_line(d: dict, spec) -> str:
             + (f" (split {t.eval_split})" if t.eval_split else "")
             + f"; {d['steps_per_epoch']:.2f} steps per epoch, {spec.schedule.iterations} iterations use "
               f"{used:.2f} epochs" + (f" of {t.epochs}" if t.epochs else ""))
+
+
+def lend_line(info: dict) -> str:
+    """``schedule.lend``'s decision in one line."""
+    idle = f"trainer predicted idle {info['trainer_idle_s']:g} s a step ({info['idle_fraction']:.0%})"
+    if not info["lent_prompts"]:
+        return f"not lent ({info['mode']}): {info.get('reason', idle)}"
+    k, p = info["lent_prompts"], info["prompts"]
+    return (f"{info['generator']}_lent on {info['pool']} samples prompts {p - k}..{p - 1} of each step's {p} with "
+            f"the weights of that step's update (staleness 0); {info['generator']} the other {p - k}; {idle}")
