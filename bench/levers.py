@@ -8,10 +8,12 @@ what is compared, one after another in this process):
    the wire) at the shipped rate and at 1e-6 (the order of an LLM's RL rate). ``delta_bytes_fraction``: the
    delta run's bytes over the dense bytes of the same syncs, the dense first sync left out; ``delta_sync_speedup``:
    the median seconds per sync (export on the trainer + load on the rollout) of the full run over the delta run's.
-2. **Lending** (``schedule.lend``): a generation-bound variant of the shipped graph (``max_new_tokens`` 64:
-   generation is long, training on the same batch short) run without lending;
+2. **Lending** (``schedule.lend``): a rollout-bound variant of the shipped graph (its reward verifies every
+   answer with ``math_verify``: the rollout generates and verifies, the trainer waits) run without lending;
    its measured node times are given to the planner (``nodes.*.cost``) and the graph run again with
-   ``lend: true``. ``lend_speedup``: s/step without over s/step with.
+   ``lend: auto``; twice each, alternating. ``lend_speedup``: s/step without over s/step with (medians).
+   On this CPU the tiny model's update costs more than its generation, whatever the length of the
+   completions (both grow with the tokens), so generation alone never leaves the trainer idle here.
 3. **The advisor** (``omnigraph plan --devices``): ``advisor_picks`` for timings shaped like the seed's
    (trainer-bound, on 4 devices) and a generation-bound workload (long tail, on 2), as the tests feed it; then a
    real calibration: the shipped graph on 1 + 1 CPU and the colocated sync graph on 2, the advisor fitted on both,
@@ -74,17 +76,29 @@ def medians(rows: list[dict], fill: int = 1) -> dict[str, float]:
 
 
 def lending(where: Path, it: int) -> dict:
-    gen_bound = [f"schedule.iterations={it}", "nodes.generate.max_new_tokens=64"]
-    alone, rows, _ = go(GRAPH, gen_bound, where, "no_lend")
+    """A rollout that generates and then verifies every answer with math_verify (sympy: the rollout's work is
+    generation plus verification, the trainer's is short): without lending, then with the planner given the
+    node times measured without; twice each, alternating, the median s/step of each side."""
+    bound = [f"schedule.iterations={it}", "nodes.reward.fn=math_verify"]
+    alone, rows, _ = go(GRAPH, bound, where, "no_lend_1")
     costs = medians(rows)
     costs["generate"] = costs.get("generate", 0.0) + costs.pop("apply_weights", 0.0)
     hints = [f"nodes.{n}.cost={round(c, 4)}" for n, c in costs.items() if n in
              ("generate", "reward", "old_logprob", "update", "sync")]
-    lent, _, plan = go(GRAPH, gen_bound + hints + ["schedule.lend=auto"], where, "lend")
-    return {"lend_speedup": round(alone.summary["s_per_step"] / lent.summary["s_per_step"], 3),
-            "no_lend_s_per_step": alone.summary["s_per_step"], "lend_s_per_step": lent.summary["s_per_step"],
+    lent, lrows, plan = go(GRAPH, bound + hints + ["schedule.lend=auto"], where, "lend_1")
+    alone2, _, _ = go(GRAPH, bound, where, "no_lend_2")
+    lent2, _, _ = go(GRAPH, bound + hints + ["schedule.lend=auto"], where, "lend_2")
+    without = statistics.median([alone.summary["s_per_step"], alone2.summary["s_per_step"]])
+    with_ = statistics.median([lent.summary["s_per_step"], lent2.summary["s_per_step"]])
+    base = __import__("omnigraph").compile(GRAPH, overrides=bound + hints)
+    return {"lend_speedup": round(without / with_, 3), "no_lend_s_per_step": round(without, 4),
+            "lend_s_per_step": round(with_, 4),
+            "lend_predicted_speedup": round(base.prediction.step_s / plan.prediction.step_s, 3),
             "lend_prompts": plan.lend["lent_prompts"] if plan.lend else 0,
             "lend_predicted_idle_fraction": plan.lend["idle_fraction"] if plan.lend else None,
+            "lend_node_s": {n: round(c, 4) for n, c in costs.items()},
+            "lend_staleness_mean": round(statistics.mean(r["staleness_mean"] for r in lrows
+                                                         if "staleness_mean" in r), 4),
             "lend_reward_last": lent.summary.get("reward_last"), "no_lend_reward_last": alone.summary.get("reward_last")}
 
 
@@ -107,8 +121,8 @@ def advisor(where: Path, it: int) -> dict:
     # a real calibration: 1 + 1 CPUs one-step-off (the shipped graph) and 2 CPUs colocated sync
     a, _, _ = go(GRAPH, [f"schedule.iterations={it}"], where, "calib_1+1")
     b, _, _ = go(SYNC_GRAPH, [f"schedule.iterations={it}"], where, "calib_colocated2")
-    scaling, _ = layouts.fit_scaling(spec, [str(a.run_dir), str(b.run_dir)])
-    rows = layouts.layouts(spec, scaling, 2)
+    scaling, runs = layouts.fit_scaling(spec, [str(a.run_dir), str(b.run_dir)])
+    rows = layouts.layouts(spec, scaling, 2, runs)
     pick = next(r for r in rows if r.recommended)
     chosen = where / "recommended.yaml"
     from omnigraph import yamlio
@@ -118,6 +132,7 @@ def advisor(where: Path, it: int) -> dict:
     return {"advisor_picks": picks, "advisor_real_pick": f"{pick.layout}, {pick.schedule}",
             "advisor_predicted_s": pick.predicted_s, "advisor_measured_s": measured,
             "advisor_pred_error": round(abs(pick.predicted_s - measured) / measured, 4),
+            "advisor_overheads": {r["run"].rsplit("/", 2)[-2]: r.get("overhead_s") for r in runs},
             "advisor_layouts": {f"{r.layout}, {r.schedule}": r.predicted_s for r in rows if r.predicted_s},
             "advisor_scaling": {n: {"a": round(s.a, 5), "b": round(s.b, 5), "efficiency": s.efficiency}
                                 for n, s in scaling.items()}}

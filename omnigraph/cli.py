@@ -164,7 +164,7 @@ def cmd_plan(args) -> int:
               else whatif.format_table(spec, args.timings[0], timings, rows, info))
         return 0
     scaling, runs = layouts.fit_scaling(spec, args.timings)
-    rows = layouts.layouts(spec, scaling, args.devices)
+    rows = layouts.layouts(spec, scaling, args.devices, runs)
     pick = next((r for r in rows if r.recommended), None)
     if args.write and pick is not None:
         Path(args.write).write_text(f"# omnigraph plan --devices {args.devices}: {pick.layout}, {pick.schedule}, "

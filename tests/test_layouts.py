@@ -121,3 +121,14 @@ def test_bad_advisor_arguments_are_one_message(tmp_path, capsys, args, where):
     assert main(["plan", GRAPH, "--timings", run, *args]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and where in err and "Traceback" not in err
+
+
+def test_what_a_run_measured_beyond_its_node_times_is_added_to_the_predictions(tmp_path, capsys):
+    times = {"generate": 2.0, "reward": 0.1, "old_logprob": 0.3, "update": 1.0, "sync": 0.1}
+    run = separate(tmp_path / "r11", 1, 2, times)
+    (tmp_path / "r11" / "summary.json").write_text(json.dumps({"s_per_step": 2.6}))   # the model says 2.1
+    report = advise(capsys, "--timings", run, "--devices", "2")
+    assert report["runs"][0]["overhead_s"] == pytest.approx(0.5, abs=1e-3)
+    rows = rows_of(report)
+    assert rows[("separate 1+1", "one_step_off")]["predicted_s"] == pytest.approx(2.6, abs=1e-3)
+    assert rows[("colocated 2", "sync")]["overhead_s"] == pytest.approx(0.5, abs=1e-3)   # no 1-pool run: all runs'

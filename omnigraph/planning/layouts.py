@@ -18,6 +18,9 @@ ideal 1/d speed-up a second device gave. Under the pure 1/d model a colocated la
 (``max(G/k, T/(N-k)) >= (G+T)/N``); a separate split wins when a node's fixed part ``a`` keeps it from using
 more devices, which is what a long-tail generation does.
 
+A run's measured s/step beyond what its node times predict (channels, waits, the driver) is added to the
+predictions of layouts with as many pools (the mean over such runs; else over all runs).
+
 The recommendation is the fastest layout whose staleness bound is within ``schedule.max_staleness``; a layout
 within 2% of it that is less stale, or has fewer pools, is preferred (the difference is noise).
 """
@@ -83,6 +86,8 @@ class Layout:
     predicted_s: float | None
     devices: dict[str, int]
     bottleneck: str = "-"
+    overhead_s: float = 0.0
+    """Included in ``predicted_s``: what runs with as many pools measured beyond their node times."""
     error: str | None = None
     recommended: bool = False
 
@@ -96,9 +101,10 @@ def fit_scaling(spec, run_dirs: list[str]) -> tuple[dict[str, Scaling], list[dic
     """Per node of ``spec``: its scaling from every run's measured node time and the devices of the pool it ran
     on; and one line per run (its directory, layout and measured s/step)."""
     points: dict[str, list[tuple[float, float]]] = {}
-    runs = []
+    runs, specs = [], []
     for run_dir in run_dirs:
         timings, measured, ran, _ = node_times(spec, run_dir)
+        specs.append(ran)
         for name, t in timings.items():
             if name in spec.nodes and name in ran.nodes and ran.nodes[name].pool in ran.pools:
                 points.setdefault(name, []).append((devices_of(ran.pools[ran.nodes[name].pool]), t))
@@ -108,7 +114,20 @@ def fit_scaling(spec, run_dirs: list[str]) -> tuple[dict[str, Scaling], list[dic
     if len(missing) == len(spec.nodes):
         raise GraphError(f"no node of '{spec.name}' appears in the runs given", where="--timings",
                          fix="pass run directories of this graph (their config.yaml names its nodes)")
-    return {n: Scaling.fit(p) for n, p in points.items()}, runs
+    scaling = {n: Scaling.fit(p) for n, p in points.items()}
+    for r, ran in zip(runs, specs):      # what the node times leave out of each run (channels, waits, the driver)
+        if r["measured_s"]:
+            t = {n: scaling[n].at(devices_of(ran.pools[node.pool])) for n, node in ran.nodes.items() if n in scaling}
+            r["overhead_s"] = round(r["measured_s"] - compile(ran, timings=t).prediction.step_s, 5)
+    return scaling, runs
+
+
+def overhead(runs: list[dict], pools: int) -> float:
+    """The measured s/step the node times do not explain, from the runs with as many pools (else all runs)."""
+    same = [r["overhead_s"] for r in runs if "overhead_s" in r and len(r["pools"]) == pools]
+    every = [r["overhead_s"] for r in runs if "overhead_s" in r]
+    pick = same or every
+    return max(0.0, sum(pick) / len(pick)) if pick else 0.0
 
 
 def repool(spec, split: int | None, n: int):
@@ -131,8 +150,9 @@ def repool(spec, split: int | None, n: int):
     return spec.model_copy(update={"pools": pools, "nodes": nodes})
 
 
-def layouts(spec, scaling: dict[str, Scaling], n: int) -> list[Layout]:
-    """Every layout of ``n`` devices under every schedule, predicted; the recommended one marked."""
+def layouts(spec, scaling: dict[str, Scaling], n: int, runs: list[dict] = ()) -> list[Layout]:
+    """Every layout of ``n`` devices under every schedule, predicted (plus the overhead the ``runs`` measured
+    beyond their node times, from runs with as many pools); the recommended one marked."""
     if n < 1:
         raise GraphError(f"--devices {n}: a layout needs at least one device", where="--devices", fix="pass N >= 1")
     out: list[Layout] = []
@@ -143,14 +163,15 @@ def layouts(spec, scaling: dict[str, Scaling], n: int) -> list[Layout]:
         timings = {node: scaling[node].at(devices[placed.nodes[node].pool]) for node in placed.nodes if node in scaling}
         work = {p: sum(t for node, t in timings.items() if placed.nodes[node].pool == p) for p in placed.pools}
         busiest = max(work, key=work.get)          # the pool with the most seconds of work per step
+        extra = overhead(list(runs), len(placed.pools))
         for mode, ahead in LAYOUT_SCHEDULES:
             try:
                 plan = compile(variant(placed, mode, ahead), timings=timings)
             except GraphError as e:
                 out.append(Layout(name, label(mode, ahead), -1, None, devices, error=str(e).splitlines()[0]))
                 continue
-            out.append(Layout(name, label(mode, ahead), plan.bound, round(plan.prediction.step_s, 4), devices,
-                              busiest))
+            out.append(Layout(name, label(mode, ahead), plan.bound, round(plan.prediction.step_s + extra, 4),
+                              devices, busiest, overhead_s=round(extra, 5)))
     pick = recommend(out, spec.schedule.max_staleness)
     if pick is not None:
         pick.recommended = True
@@ -186,11 +207,14 @@ def format_table(spec, scaling: dict[str, Scaling], runs: list[dict], rows: list
     for r in runs:
         pools = ", ".join(f"{p} {d:g}" for p, d in r["pools"].items())
         meas = f", measured {r['measured_s']:.3f} s/step" if r["measured_s"] else ""
+        meas += f" ({r['overhead_s']:+.3f} beyond its node times)" if "overhead_s" in r else ""
         lines.append(f"  {r['run']}: {r['schedule']} on {pools}{meas}")
     lines.append("  node time on d devices, t(d) = a + b/d:")
     for name, s in scaling.items():
         eff = "1/d assumed (one point)" if s.efficiency is None else f"efficiency of a 2nd device {s.efficiency:.0%}"
         lines.append(f"    {name:<14} a {s.a:.4f}  b {s.b:.4f}  ({eff})")
+    if any("overhead_s" in r for r in runs):
+        lines.append("  each prediction includes the mean of that overhead over the runs with as many pools")
     lines += ["", f"  {'layout':<16} {'schedule':<14} {'staleness':>9} {'predicted s/step':>17}  bottleneck",
               f"  {'-' * 16} {'-' * 14} {'-' * 9} {'-' * 17}  {'-' * 12}"]
     for r in rows:
