@@ -70,6 +70,17 @@ def delta_pair(where: Path, it: int, extra: list[str], tag: str) -> dict:
             f"full_sync_s{tag}": round(f_s, 5), f"delta_sync_s{tag}": round(d_s, 5)}
 
 
+def node_medians(run_dir: Path) -> dict[str, float]:
+    """Median seconds of each node's runs after the first quarter of the run (``timeline.jsonl``)."""
+    rows = [json.loads(x) for x in (Path(run_dir) / "timeline.jsonl").read_text().splitlines()]
+    last = max(r["step"] for r in rows)
+    per: dict[str, list[float]] = {}
+    for r in rows:
+        if r["step"] >= last // 4:
+            per.setdefault(r["node"], []).append(r["t_end"] - r["t_start"])
+    return {n: round(statistics.median(v), 4) for n, v in sorted(per.items())}
+
+
 def medians(rows: list[dict], fill: int = 1) -> dict[str, float]:
     from omnigraph.planning.whatif import steady_medians
     return steady_medians(rows, fill)
@@ -97,6 +108,7 @@ def lending(where: Path, it: int) -> dict:
             "lend_prompts": plan.lend["lent_prompts"] if plan.lend else 0,
             "lend_predicted_idle_fraction": plan.lend["idle_fraction"] if plan.lend else None,
             "lend_node_s": {n: round(c, 4) for n, c in costs.items()},
+            "lend_run_node_s": node_medians(lent.run_dir), "no_lend_run_node_s": node_medians(alone.run_dir),
             "lend_staleness_mean": round(statistics.mean(r["staleness_mean"] for r in lrows
                                                          if "staleness_mean" in r), 4),
             "lend_reward_last": lent.summary.get("reward_last"), "no_lend_reward_last": alone.summary.get("reward_last")}
@@ -140,7 +152,8 @@ def advisor(where: Path, it: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer iterations per run (16, else 40)")
+    ap.add_argument("--quick", action="store_true", help="fewer iterations per run (16, else 40; twice as many "
+                                                         "for lending and the advisor, whose runs are s/step)")
     import record
     record.add_arguments(ap)
     args = ap.parse_args()
@@ -151,8 +164,8 @@ def main() -> int:
         out.update(delta_pair(where, it, [], ""))
         out.update(delta_pair(where, it, ["model.dtype=bfloat16"], "_bf16"))
         out.update(delta_pair(where, it, ["model.dtype=bfloat16", "nodes.update.lr=1e-6"], "_bf16_lr1e-6"))
-        out.update(lending(where, it))
-        out.update(advisor(where, it))
+        out.update(lending(where, 2 * it))
+        out.update(advisor(where, 2 * it))
     out["model"] = "tiny (embedded), CPU, local Ray; rollout and trainer 1 CPU each unless colocated"
     record.emit("levers", out, args)
     return 0

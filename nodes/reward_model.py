@@ -94,7 +94,7 @@ class RewardModel:
         logs = {"rm_s": time.perf_counter() - t0}
         adv = grpo_advantages(rewards, rollout.group_ids, self.options.normalize_std)
         mean = sum(rewards) / max(len(rewards), 1)
-        logs.update(reward_mean=mean,
+        logs.update(reward_mean=mean, scored=len(rewards),
                     reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)))
         if self.gold is not None:
             gold = self._gold(f["prompt"], f["completion"], [sample_meta(f, i) for i in range(len(rollout))])

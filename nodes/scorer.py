@@ -76,6 +76,6 @@ class Reward:
             self.ctx.log(eval_reward=sum(scores) / max(len(scores), 1), eval_version=ev["version"],
                          eval_accuracy=sum(s >= 1.0 for s in scores) / max(len(scores), 1))
         mean = sum(rewards) / max(len(rewards), 1)
-        self.ctx.log(reward_mean=mean,
+        self.ctx.log(reward_mean=mean, scored=len(rewards),
                      reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)))
         return rollout.with_fields(reward=rewards, advantage=adv)

@@ -66,3 +66,14 @@ def test_a_lent_run_trains_every_group_once_and_its_share_at_staleness_zero(tmp_
     assert trained and all(r["staleness_mean"] == pytest.approx(11 / 16) for r in trained), trained
     assert all(r["samples"] == 16 * 8 for r in trained)
     assert result.summary["groups_trained"] == 16 * 5 and not result.summary.get("groups_lost")
+
+
+def test_a_step_scored_in_two_shares_reports_one_reward_over_all_its_samples():
+    from omnigraph.executors.base import StepResult
+    from omnigraph.runtime.metrics import step_metrics
+    records = [{"node": "reward", "actor": "rollout.0", "seconds": 0.1, "reward_mean": 0.25, "scored": 96},
+               {"node": "reward_lent", "actor": "trainer.0", "seconds": 0.1, "reward_mean": 1.0, "scored": 32}]
+    row = step_metrics(StepResult(step=3, fired=frozenset({"reward", "reward_lent"}), records=records), 1.0, 0.2)
+    assert row["reward_mean"] == pytest.approx((0.25 * 96 + 1.0 * 32) / 128) and row["scored"] == 128
+    alone = step_metrics(StepResult(step=3, fired=frozenset({"reward"}), records=records[:1]), 1.0, 0.2)
+    assert alone["reward_mean"] == 0.25

@@ -38,6 +38,7 @@ def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -
     waits: dict[tuple[str, bool], float] = {}
     applies: dict[str, float] = {}
     groups: dict[str, set] = {"dropped_groups": set(), "regenerated_groups": set()}
+    scored: list[tuple[float, int]] = []          # (reward_mean, samples) of every scorer that ran this step
     for r in result.records:
         kind = r.get("kind", "run")
         if kind == "wait":
@@ -55,14 +56,18 @@ def step_metrics(result: StepResult, elapsed: float, step_s: float, plan=None) -
                 groups[k].update(v)
             if k in SKIP:
                 continue
+            if k == "reward_mean" and "scored" in r:
+                scored.append((v, r["scored"]))
             if k in ("staleness_max", "version", "weights_version"):
                 row[k] = max(row.get(k, v), v)
-            elif k in ("dropped", "samples", "regenerated", "regenerate_s"):
+            elif k in ("dropped", "samples", "regenerated", "regenerate_s", "scored"):
                 row[k] = row.get(k, 0) + v
             elif k == "batch":
                 row[f"{r['node']}/batch"] = v
             else:
                 row.setdefault(k, v)
+    if len(scored) > 1:                         # shares of one step's prompts scored apart (a lent scorer's)
+        row["reward_mean"] = sum(m * n for m, n in scored) / max(sum(n for _, n in scored), 1)
     if "staleness_max" in row:                  # the trainer trained: the off-policy figures, every such step
         row.setdefault("regenerated", 0)
         row.update({k: len(v) for k, v in groups.items()})
