@@ -11,7 +11,9 @@ what is compared, one after another in this process):
 2. **Lending** (``schedule.lend``): a rollout-bound variant of the shipped graph (its reward verifies every
    answer with ``math_verify``: the rollout generates and verifies, the trainer waits) run without lending;
    its measured node times are given to the planner (``nodes.*.cost``) and the graph run again with
-   ``lend: auto``; twice each, alternating. ``lend_speedup``: s/step without over s/step with (medians).
+   ``lend: auto``; twice each, alternating. ``lend_speedup``: s/step without over s/step with (medians);
+   ``lend_run_node_s`` / ``no_lend_run_node_s``: each node's median seconds in the first run of each side
+   (the verifier's cost follows the completions, which differ once lending changes who samples what).
    On this CPU the tiny model's update costs more than its generation, whatever the length of the
    completions (both grow with the tokens), so generation alone never leaves the trainer idle here.
 3. **The advisor** (``omnigraph plan --devices``): ``advisor_picks`` for timings shaped like the seed's
