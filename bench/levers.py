@@ -74,7 +74,8 @@ def delta_pair(where: Path, it: int, extra: list[str], tag: str) -> dict:
 
 def node_medians(run_dir: Path) -> dict[str, float]:
     """Median seconds of each node's runs after the first quarter of the run (``timeline.jsonl``)."""
-    rows = [json.loads(x) for x in (Path(run_dir) / "timeline.jsonl").read_text().splitlines()]
+    from omnigraph.records import read_jsonl
+    rows = read_jsonl(Path(run_dir) / "timeline.jsonl")
     last = max(r["step"] for r in rows)
     per: dict[str, list[float]] = {}
     for r in rows:
