@@ -1,6 +1,6 @@
 """The seed's three levers, measured side by side on real runs: delta sync, lending, the layout advisor.
 
-``python bench/levers.py --quick`` runs, on the tiny model, CPU, local Ray (every run the same graph but for
+``python bench/levers.py --quick`` runs, on the tiny model, local Ray, on the CPU but where a GPU is said (every run the same graph but for
 what is compared, one after another in this process):
 
 1. **Delta sync** (``nodes.sync.payload``): the shipped graph (fp32 weights, its learning rate 3e-4) with
@@ -8,19 +8,21 @@ what is compared, one after another in this process):
    the wire) at the shipped rate and at 1e-6 (the order of an LLM's RL rate). ``delta_bytes_fraction``: the
    delta run's bytes over the dense bytes of the same syncs, the dense first sync left out; ``delta_sync_speedup``:
    the median seconds per sync (export on the trainer + load on the rollout) of the full run over the delta run's.
-2. **Lending** (``schedule.lend``): a rollout-bound variant of the shipped graph (its reward verifies every
-   answer with ``math_verify``: the rollout generates and verifies, the trainer waits) run without lending;
-   its measured node times are given to the planner (``nodes.*.cost``) and the graph run again with
-   ``lend: auto``; twice each, alternating. ``lend_speedup``: s/step without over s/step with (medians);
-   ``lend_run_node_s`` / ``no_lend_run_node_s``: each node's median seconds in the first run of each side
-   (the verifier's cost follows the completions, which differ once lending changes who samples what).
-   On this CPU the tiny model's update costs more than its generation, whatever the length of the
-   completions (both grow with the tokens), so generation alone never leaves the trainer idle here.
+2. **Lending** (``schedule.lend``): a rollout-bound graph (:func:`lending_graph`: with a GPU, the shipped graph
+   with its rollout on one CPU core and its trainer on the GPU; without, the shipped graph with ``math_verify``
+   as its reward) run without lending; its measured node times are given to the planner (``nodes.*.cost``) and
+   the graph run again with ``lend: auto``; twice each, alternating. ``lend_speedup``: s/step without over s/step
+   with (medians); ``lend_run_node_s`` / ``no_lend_run_node_s``: each node's median seconds in the first run of
+   each side. On a CPU the tiny model's update costs more than its generation, whatever the length of the
+   completions (both grow with the tokens), so generation alone never leaves a CPU trainer idle; and a
+   verifier's cost follows the completions, which differ once lending changes who samples what.
 3. **The advisor** (``omnigraph plan --devices``): ``advisor_picks`` for timings shaped like the seed's
    (trainer-bound, on 4 devices) and a generation-bound workload (long tail, on 2), as the tests feed it; then a
-   real calibration: the shipped graph on 1 + 1 CPU and the colocated sync graph on 2, the advisor fitted on both,
-   its recommendation for 2 CPUs written out and run fresh. ``advisor_pred_error``: |predicted - measured| /
-   measured s/step of that run.
+   real calibration: the shipped graph on 1 + 1 CPU and the colocated sync graph on 2, twice each, the advisor
+   fitted on the four runs, its recommendation for 2 CPUs written out and run fresh three times.
+   ``advisor_pred_error``: |predicted - measured| / measured s/step, measured the median of the fresh runs.
+
+``--only delta|lend|advisor`` runs one part (repeatable).
 
 Every s/step is the run's steady-state median (``summary.json``). The machine is shared and has 2 cores: the
 runs are one at a time.
@@ -39,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 GRAPH = str(ROOT / "graphs" / "grpo_one_step_off.yaml")
+PARTS = ("delta", "lend", "advisor")
 SYNC_GRAPH = str(ROOT / "graphs" / "grpo_sync.yaml")
 
 
@@ -89,11 +92,25 @@ def medians(rows: list[dict], fill: int = 1) -> dict[str, float]:
     return steady_medians(rows, fill)
 
 
-def lending(where: Path, it: int) -> dict:
-    """A rollout that generates and then verifies every answer with math_verify (sympy: the rollout's work is
-    generation plus verification, the trainer's is short): without lending, then with the planner given the
-    node times measured without; twice each, alternating, the median s/step of each side."""
-    bound = [f"schedule.iterations={it}", "nodes.reward.fn=math_verify"]
+def lending_graph(cuda: bool) -> tuple[list[str], str]:
+    """The rollout-bound graph lending is measured on, and what makes it rollout-bound.
+
+    With a GPU: the shipped graph with its rollout on one CPU core and its trainer on the GPU, the layout where a
+    rollout pool is weaker than the trainer's (the seed's lever: the trainer waits for every batch). Its costs
+    follow the prompts, not the completions (the reward is ``digits_match``, generation stops at
+    ``max_new_tokens`` or the batch's last end of text). Without one: the verifier-bound variant (``math_verify``
+    on the rollout, both pools one CPU core), whose reward's cost follows what was sampled."""
+    if cuda:
+        return (["pools.rollout.gpus=0", "pools.trainer.gpus=1"],
+                "rollout 1 CPU core (generate, digits_match), trainer 1 GPU (old_logprob, update, sync)")
+    return (["nodes.reward.fn=math_verify"], "rollout 1 CPU core (generate, math_verify), trainer 1 CPU core")
+
+
+def lending(where: Path, it: int, cuda: bool) -> dict:
+    """A rollout-bound graph (:func:`lending_graph`) without lending, then with the planner given the node times
+    measured without; twice each, alternating, the median s/step of each side."""
+    layout, what = lending_graph(cuda)
+    bound = [f"schedule.iterations={it}", *layout]
     alone, rows, _ = go(GRAPH, bound, where, "no_lend_1")
     costs = medians(rows)
     costs["generate"] = costs.get("generate", 0.0) + costs.pop("apply_weights", 0.0)
@@ -105,8 +122,11 @@ def lending(where: Path, it: int) -> dict:
     without = statistics.median([alone.summary["s_per_step"], alone2.summary["s_per_step"]])
     with_ = statistics.median([lent.summary["s_per_step"], lent2.summary["s_per_step"]])
     base = __import__("omnigraph").compile(GRAPH, overrides=bound + hints)
-    return {"lend_speedup": round(without / with_, 3), "no_lend_s_per_step": round(without, 4),
+    return {"lend_speedup": round(without / with_, 3), "lend_graph": what, "no_lend_s_per_step": round(without, 4),
             "lend_s_per_step": round(with_, 4),
+            "lend_runs_s_per_step": {r: x.summary["s_per_step"] for r, x in
+                                     (("no_lend_1", alone), ("lend_1", lent), ("no_lend_2", alone2),
+                                      ("lend_2", lent2))},
             "lend_predicted_speedup": round(base.prediction.step_s / plan.prediction.step_s, 3),
             "lend_prompts": plan.lend["lent_prompts"] if plan.lend else 0,
             "lend_predicted_idle_fraction": plan.lend["idle_fraction"] if plan.lend else None,
@@ -133,21 +153,27 @@ def advisor(where: Path, it: int) -> dict:
         scaling, _ = layouts.fit_scaling(spec, runs)
         pick = next(r for r in layouts.layouts(spec, scaling, n) if r.recommended)
         picks[case] = f"{pick.layout}, {pick.schedule}"
-    # a real calibration: 1 + 1 CPUs one-step-off (the shipped graph) and 2 CPUs colocated sync
-    a, _, _ = go(GRAPH, [f"schedule.iterations={it}"], where, "calib_1+1")
-    b, _, _ = go(SYNC_GRAPH, [f"schedule.iterations={it}"], where, "calib_colocated2")
-    scaling, runs = layouts.fit_scaling(spec, [str(a.run_dir), str(b.run_dir)])
+    # a real calibration: 1 + 1 CPUs one-step-off (the shipped graph) and 2 CPUs colocated sync, twice each
+    # (alternating); the recommendation for 2 CPUs then run fresh three times: the machine's run-to-run spread
+    # is of the order of the error measured, so one run of each would measure the spread
+    calib = []
+    for i in (1, 2):
+        calib.append(go(GRAPH, [f"schedule.iterations={it}"], where, f"calib_1+1_{i}")[0])
+        calib.append(go(SYNC_GRAPH, [f"schedule.iterations={it}"], where, f"calib_colocated2_{i}")[0])
+    scaling, runs = layouts.fit_scaling(spec, [str(c.run_dir) for c in calib])
     rows = layouts.layouts(spec, scaling, 2, runs)
     pick = next(r for r in rows if r.recommended)
     chosen = where / "recommended.yaml"
     from omnigraph import yamlio
     chosen.write_text(yamlio.dump(layouts.chosen_spec(spec, pick)))
-    fresh, _, _ = go(str(chosen), [f"schedule.iterations={it}"], where, "recommended")
-    measured = fresh.summary["s_per_step"]
+    fresh = [go(str(chosen), [f"schedule.iterations={it}"], where, f"recommended_{i}")[0].summary["s_per_step"]
+             for i in (1, 2, 3)]
+    measured = statistics.median(fresh)
     return {"advisor_picks": picks, "advisor_real_pick": f"{pick.layout}, {pick.schedule}",
-            "advisor_predicted_s": pick.predicted_s, "advisor_measured_s": measured,
+            "advisor_predicted_s": pick.predicted_s, "advisor_measured_s": measured, "advisor_fresh_s": fresh,
+            "advisor_calibration_s": {Path(c.run_dir).parent.name: c.summary["s_per_step"] for c in calib},
             "advisor_pred_error": round(abs(pick.predicted_s - measured) / measured, 4),
-            "advisor_overheads": {r["run"].rsplit("/", 2)[-2]: r.get("overhead_s") for r in runs},
+            "advisor_overheads": {Path(r["run"]).parent.name: r.get("overhead_s") for r in runs},
             "advisor_layouts": {f"{r.layout}, {r.schedule}": r.predicted_s for r in rows if r.predicted_s},
             "advisor_scaling": {n: {"a": round(s.a, 5), "b": round(s.b, 5), "efficiency": s.efficiency}
                                 for n, s in scaling.items()}}
@@ -157,19 +183,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations per run (16, else 40; twice as many "
                                                          "for lending and the advisor, whose runs are s/step)")
+    ap.add_argument("--only", action="append", choices=PARTS, help="run this part only (repeatable; default: all)")
     import record
     record.add_arguments(ap)
     args = ap.parse_args()
     it = 16 if args.quick else 40
+    import torch
+    cuda = torch.cuda.is_available()
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="levers-") as tmp:
         where = Path(tmp)
-        out.update(delta_pair(where, it, [], ""))
-        out.update(delta_pair(where, it, ["model.dtype=bfloat16"], "_bf16"))
-        out.update(delta_pair(where, it, ["model.dtype=bfloat16", "nodes.update.lr=1e-6"], "_bf16_lr1e-6"))
-        out.update(lending(where, 2 * it))
-        out.update(advisor(where, 2 * it))
-    out["model"] = "tiny (embedded), CPU, local Ray; rollout and trainer 1 CPU each unless colocated"
+        parts = args.only or PARTS
+        if "delta" in parts:
+            out.update(delta_pair(where, it, [], ""))
+            out.update(delta_pair(where, it, ["model.dtype=bfloat16"], "_bf16"))
+            out.update(delta_pair(where, it, ["model.dtype=bfloat16", "nodes.update.lr=1e-6"], "_bf16_lr1e-6"))
+        if "lend" in parts:
+            out.update(lending(where, 2 * it, cuda))
+        if "advisor" in parts:
+            out.update(advisor(where, 2 * it))
+    out["model"] = ("tiny (embedded), local Ray; delta and advisor: CPU, rollout and trainer 1 CPU each unless "
+                    "colocated; lending: " + lending_graph(cuda)[1])
     record.emit("levers", out, args)
     return 0
 
