@@ -1,7 +1,7 @@
 """The seed's three levers, measured side by side on real runs: delta sync, lending, the layout advisor.
 
-``python bench/levers.py --quick`` runs, on the tiny model, local Ray, on the CPU but where a GPU is said (every run the same graph but for
-what is compared, one after another in this process):
+``python bench/levers.py --quick`` runs, on the tiny model, local Ray, on the CPU but where a GPU is said
+(every run the same graph but for what is compared, one after another in this process):
 
 1. **Delta sync** (``nodes.sync.payload``): the shipped graph (fp32 weights, its learning rate 3e-4) with
    ``full`` and with ``delta``; then the same pair in bf16 (``model.dtype: bfloat16``: fp32 masters, bf16 on
@@ -11,7 +11,9 @@ what is compared, one after another in this process):
 2. **Lending** (``schedule.lend``): a rollout-bound graph (:func:`lending_graph`: with a GPU, the shipped graph
    with its rollout on one CPU core and its trainer on the GPU; without, the shipped graph with ``math_verify``
    as its reward) run without lending; its measured node times are given to the planner (``nodes.*.cost``) and
-   the graph run again with ``lend: auto``; twice each, alternating. ``lend_speedup``: s/step without over s/step
+   the graph run again with ``lend: auto``: once as a probe, whose lent share measures how fast the trainer's
+   pool generates (``lend_speed``, given to the runs after it as ``schedule.lend_speed``), then twice each,
+   alternating. ``lend_speedup``: s/step without over s/step
    with (medians); ``lend_run_node_s`` / ``no_lend_run_node_s``: each node's median seconds in the first run of
    each side. On a CPU the tiny model's update costs more than its generation, whatever the length of the
    completions (both grow with the tokens), so generation alone never leaves a CPU trainer idle; and a
@@ -106,9 +108,22 @@ def lending_graph(cuda: bool) -> tuple[list[str], str]:
     return (["nodes.reward.fn=math_verify"], "rollout 1 CPU core (generate, math_verify), trainer 1 CPU core")
 
 
+def trainer_speed(run_dir: Path, plan) -> float:
+    """The trainer's pool's seconds per prompt over the rollout's, measured in a run that lent (its node times as
+    for whole steps, :func:`omnigraph.planning.whatif.node_times`); 1 where it lent nothing."""
+    from omnigraph.planning.whatif import node_times
+    if not (plan.lend and plan.lend["lent_prompts"]):
+        return 1.0
+    t, *_ = node_times(plan.source, run_dir)
+    g, r = "generate", "reward"
+    return round((t[g + "_lent"] + t.get(r + "_lent", 0.0)) / (t[g] + t.get(r, 0.0)), 3)
+
+
 def lending(where: Path, it: int, cuda: bool) -> dict:
     """A rollout-bound graph (:func:`lending_graph`) without lending, then with the planner given the node times
-    measured without; twice each, alternating, the median s/step of each side."""
+    measured without: first a probe, the share sized by the pools' devices, whose node times measure how fast the
+    trainer's pool generates (``schedule.lend_speed`` of the runs after it); then twice each, alternating, the
+    median s/step of each side."""
     layout, what = lending_graph(cuda)
     bound = [f"schedule.iterations={it}", *layout]
     alone, rows, _ = go(GRAPH, bound, where, "no_lend_1")
@@ -116,6 +131,8 @@ def lending(where: Path, it: int, cuda: bool) -> dict:
     costs["generate"] = costs.get("generate", 0.0) + costs.pop("apply_weights", 0.0)
     hints = [f"nodes.{n}.cost={round(c, 4)}" for n, c in costs.items() if n in
              ("generate", "reward", "old_logprob", "update", "sync")]
+    probe, _, probe_plan = go(GRAPH, bound + hints + ["schedule.lend=auto"], where, "lend_probe")
+    hints.append(f"schedule.lend_speed={trainer_speed(probe.run_dir, probe_plan)}")
     lent, lrows, plan = go(GRAPH, bound + hints + ["schedule.lend=auto"], where, "lend_1")
     alone2, _, _ = go(GRAPH, bound, where, "no_lend_2")
     lent2, _, _ = go(GRAPH, bound + hints + ["schedule.lend=auto"], where, "lend_2")
@@ -129,6 +146,9 @@ def lending(where: Path, it: int, cuda: bool) -> dict:
                                       ("lend_2", lent2))},
             "lend_predicted_speedup": round(base.prediction.step_s / plan.prediction.step_s, 3),
             "lend_prompts": plan.lend["lent_prompts"] if plan.lend else 0,
+            "lend_probe_prompts": probe_plan.lend["lent_prompts"] if probe_plan.lend else 0,
+            "lend_probe_s_per_step": probe.summary["s_per_step"],
+            "lend_speed": plan.lend["speed"] if plan.lend else None,
             "lend_predicted_idle_fraction": plan.lend["idle_fraction"] if plan.lend else None,
             "lend_node_s": {n: round(c, 4) for n, c in costs.items()},
             "lend_run_node_s": node_medians(lent.run_dir), "no_lend_run_node_s": node_medians(alone.run_dir),

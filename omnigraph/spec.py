@@ -378,6 +378,10 @@ class ScheduleSpec(Strict):
     the predicted idle time is at least ``lend_idle`` of the step, ``true`` always, ``false`` never."""
     lend_idle: float = Field(0.2, ge=0, le=1)
     """``lend: auto`` lends when the trainer is predicted idle for at least this fraction of a step."""
+    lend_speed: float | None = Field(None, gt=0, le=1000)
+    """Seconds the trainer's pool takes to generate and score a prompt over the seconds the rollout's takes (0.5:
+    twice as fast). Unset: measured, where the timings come from a run that lent (``plan --timings``), else the
+    two pools' devices in proportion (a CPU core counts as one device, as a GPU does)."""
 
     @model_validator(mode="after")
     def _ahead_only_for_async(self) -> "ScheduleSpec":

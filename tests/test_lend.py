@@ -77,3 +77,63 @@ def test_a_step_scored_in_two_shares_reports_one_reward_over_all_its_samples():
     assert row["reward_mean"] == pytest.approx((0.25 * 96 + 1.0 * 32) / 128) and row["scored"] == 128
     alone = step_metrics(StepResult(step=3, fired=frozenset({"reward"}), records=records[:1]), 1.0, 0.2)
     assert alone["reward_mean"] == 0.25
+
+
+def test_the_share_follows_a_stated_or_measured_trainer_speed():
+    # the trainer's pool four times as fast per prompt: k = 16 * 1.25 / (2.1 + 0.25 * 2.1) = 7.6 -> 8
+    stated = og.compile(GRAPH, overrides=["schedule.lend=true", "schedule.lend_speed=0.25", *GEN_BOUND])
+    assert stated.lend["lent_prompts"] == 8 and stated.lend["speed_from"] == "schedule.lend_speed"
+    assert "x0.25 the rollout's time per prompt (schedule.lend_speed)" in str(stated)
+    costs = {"generate": 2.0, "reward": 0.1, "old_logprob": 0.2, "update": 0.6, "sync": 0.05}
+    measured = og.compile(GRAPH, overrides=["schedule.lend=true"],
+                          timings={**costs, "generate_lent": 0.5, "reward_lent": 0.025})
+    assert measured.lend["lent_prompts"] == 8 and measured.lend["speed_from"] == "measured"
+    assert measured.lend["speed"] == pytest.approx(0.25)
+    by_devices = og.compile(GRAPH, overrides=["schedule.lend=true"], timings=costs)
+    assert by_devices.lend["lent_prompts"] == 5 and by_devices.lend["speed_from"] == "devices"
+
+
+def test_a_lent_runs_node_times_are_given_for_whole_steps(tmp_path):
+    from omnigraph.planning.compile import to_spec
+    from omnigraph.planning.whatif import node_times, steady_medians
+    plan = og.compile(GRAPH, overrides=["schedule.lend=true", "schedule.iterations=6", "runtime.executor=local",
+                                        *GEN_BOUND])
+    d = run(plan, run_dir=tmp_path, progress=False).run_dir
+    raw = steady_medians([json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()], plan.fill)
+    timings, *_ = node_times(to_spec(GRAPH), d)
+    assert timings["generate"] == pytest.approx(raw["generate"] * 16 / 11 + raw.get("apply_weights", 0.0))
+    assert timings["generate_lent"] == pytest.approx(raw["generate_lent"] * 16 / 5)
+    assert timings["reward_lent"] == pytest.approx(raw["reward_lent"] * 16 / 5)
+    assert timings["update"] == pytest.approx(raw["update"])
+    again = og.compile(GRAPH, overrides=["schedule.lend=true"], timings=timings)
+    assert again.lend["speed_from"] == "measured"
+
+
+@pytest.mark.slow
+def test_a_lent_run_resumes_bit_exact(tmp_path, monkeypatch):
+    """Interrupted at step 7, resumed from its step-5 checkpoint: the same metrics and final weights as a lent run
+    that was never interrupted (the lent generator's weights come from the restored trainer)."""
+    import torch
+    from safetensors.torch import load_file
+    from omnigraph.errors import NodeFailure
+    from omnigraph.runtime.ledger import read
+    on = ["schedule.lend=true", "schedule.iterations=9", "checkpoint.every=3", "runtime.executor=local",
+          "nodes.generate.eval_every=0", *GEN_BOUND]
+    whole = run(og.compile(GRAPH, overrides=on), run_dir=tmp_path / "a", progress=False).run_dir
+    monkeypatch.setenv("OMNIGRAPH_INJECT", "update@7:raise")
+    with pytest.raises(NodeFailure):
+        run(og.compile(GRAPH, overrides=on), run_dir=tmp_path / "b", progress=False)
+    monkeypatch.delenv("OMNIGRAPH_INJECT")
+    (d,) = (tmp_path / "b").iterdir()
+    assert "step-00000005" in {p.name for p in (d / "checkpoints").iterdir()}
+    run(og.compile(d / "config.yaml"), resume=d, progress=False)
+    keys = ("reward_mean", "staleness_mean", "version", "loss", "fired")
+
+    def rows(x):
+        return [{k: r.get(k) for k in keys} for r in map(json.loads, (x / "metrics.jsonl").read_text().splitlines())]
+
+    assert rows(d) == rows(whole)
+    a, b = load_file(whole / "final" / "model.safetensors"), load_file(d / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    s = read(d)
+    assert s.ok and s.generated == s.trained_once == 9 * 16

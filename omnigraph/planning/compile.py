@@ -29,7 +29,8 @@ def compile(source, *, cluster: dict[str, float] | None = None,
 
     Raises :class:`GraphError` naming the node, edge or field and the fix.
     """
-    spec, lent, timings = plan_lend(to_spec(source, overrides), timings)
+    given = to_spec(source, overrides)
+    spec, lent, timings = plan_lend(given, timings)
     graph = resolve(spec, cluster=cluster)
     report = analyse(graph)
     s = spec.schedule
@@ -44,7 +45,7 @@ def compile(source, *, cluster: dict[str, float] | None = None,
                 "regenerate the prompt groups that exceed it with the trainer's current weights, on the trainer")
         graph.warnings.append(f"{msg}: on_stale {s.on_stale} will {what}")
     plan = lower(graph, report, timings)
-    plan.lend = lent
+    plan.lend, plan.source = lent, given
     plan.warnings.extend(idle_warnings(plan))
     plan.warnings.extend(queued_transfers(plan))
     return plan

@@ -14,11 +14,14 @@ the staleness proof and the plan cover it:
 The lent generator keeps its own copy of the model on the trainer's actor and loads the same export the rollout
 gets (one in-place copy; no second export).
 
-The share: per step the rollout works ``G + R`` (generation and scoring) and the trainer ``T``; with ``k`` of
-``p`` prompts lent the two are even when ``(1 - k/p)(G + R) = T + (k/p)(G + R) s`` (``s``: how much slower the
-trainer's pool generates, by its devices), so ``k = p (G + R - T) / ((G + R)(1 + s))``, rounded. Costs are the
-node times the compiler is given (``omnigraph plan --timings``), else each node's ``cost``, else the defaults
-per role. ``lend: auto`` lends when the trainer is predicted idle for at least ``lend_idle`` of the step.
+The share: per step the rollout works ``G + R`` (generation and scoring of all ``p`` prompts) and the trainer
+``T``; with ``k`` lent the two are even when ``(1 - k/p)(G + R) = T + (k/p) L``, ``L`` the trainer's pool's time
+for all ``p`` prompts, so ``k = p (G + R - T) / (G + R + L)``, rounded. Costs are the node times the compiler is
+given (``omnigraph plan --timings``), else each node's ``cost``, else the defaults per role; ``L`` is
+``schedule.lend_speed`` times ``G + R``, else the lent nodes' times where the timings come from a run that lent
+(:func:`omnigraph.planning.whatif.node_times` gives every generator's and scorer's time as for all ``p``
+prompts), else ``G + R`` scaled by the two pools' devices. ``lend: auto`` lends when the trainer is predicted
+idle for at least ``lend_idle`` of the step.
 """
 
 from __future__ import annotations
@@ -41,6 +44,22 @@ def _cost(spec, name: str, timings: dict[str, float] | None) -> float:
 
 def _devices(pool) -> float:
     return pool.actors * (pool.gpus if pool.gpus > 0 else pool.cpus)
+
+
+def speed(spec, g: str, pool: str, timings: dict[str, float] | None, busy: float) -> tuple[float, str]:
+    """How much longer the trainer's pool takes per prompt than the rollout's, and where that came from."""
+    if spec.schedule.lend_speed is not None:
+        return spec.schedule.lend_speed, "schedule.lend_speed"
+    lg, lr = g + SUFFIX, spec_scorer(spec, g) + SUFFIX
+    if timings and lg in timings and busy > 0:
+        return (timings[lg] + timings.get(lr, 0.0)) / busy, "measured"
+    slower = _devices(spec.pools[spec.nodes[g].pool]) / max(_devices(spec.pools[pool]), 1e-9)
+    return slower, "devices"
+
+
+def spec_scorer(spec, g: str) -> str:
+    return next(e.dst for e in spec.edges if e.src == g and spec.nodes.get(e.dst) is not None
+                and spec.nodes[e.dst].kind == "reward")
 
 
 def _refuse(why: str, fix: str = "set schedule.lend: false") -> GraphError:
@@ -89,12 +108,13 @@ def plan_lend(spec, timings: dict[str, float] | None = None) -> tuple[Any, dict[
     rollout_busy = _cost(spec, g, timings) + _cost(spec, r, timings)
     train = sum(_cost(spec, n, timings) for n, s in spec.nodes.items() if s.pool == pool)
     idle = max(0.0, rollout_busy - train)
-    slower = _devices(spec.pools[spec.nodes[g].pool]) / max(_devices(spec.pools[pool]), 1e-9)
+    lg, lr = g + SUFFIX, r + SUFFIX
+    slower, source = speed(spec, g, pool, timings, rollout_busy)
     k = round(p * idle / (rollout_busy * (1 + slower))) if rollout_busy > 0 else 0
     k = max(0, min(p - 1, k))
     info = {"mode": "auto" if mode == "auto" else "on", "generator": g, "pool": pool, "trainer_idle_s": round(idle, 4),
             "idle_fraction": round(idle / rollout_busy, 3) if rollout_busy else 0.0, "lent_prompts": 0,
-            "prompts": p}
+            "prompts": p, "speed": round(slower, 3), "speed_from": source}
     if mode == "auto" and (info["idle_fraction"] < spec.schedule.lend_idle or k == 0):
         short = info["idle_fraction"] < spec.schedule.lend_idle
         info["reason"] = (f"the trainer is predicted idle {info['idle_fraction']:.0%} of a step, under "
@@ -103,7 +123,6 @@ def plan_lend(spec, timings: dict[str, float] | None = None) -> tuple[Any, dict[
         return spec, info, timings
     k = max(k, 1)
     info["lent_prompts"] = k
-    lg, lr = g + SUFFIX, r + SUFFIX
     if lg in spec.nodes or lr in spec.nodes:
         raise _refuse(f"the graph already has a node named '{lg}' or '{lr}'", fix="rename it")
     nodes = dict(spec.nodes)
@@ -123,7 +142,8 @@ def plan_lend(spec, timings: dict[str, float] | None = None) -> tuple[Any, dict[
     base = {g: g, r: r, lg: g, lr: r}
     full = {n: _cost(spec, base[n], timings) for n in shares}
     if timings is not None:
-        timings = {**timings, **{n: full[n] * shares[n] for n in shares if base[n] in timings}}
+        timings = {n: t for n, t in timings.items() if n not in (lg, lr)}
+        timings.update({n: full[n] * shares[n] for n in shares if base[n] in timings})
     for n in shares:                          # the plan's estimate where no measured time is given
         if timings is None or n not in timings:
             nodes[n] = nodes[n].model_copy(update={"cost": round(full[n] * shares[n], 6)})

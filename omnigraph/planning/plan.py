@@ -94,6 +94,9 @@ class Plan:
     dtypes: dict[str, Precision] = field(default_factory=dict)
     lend: dict[str, Any] | None = None
     """``schedule.lend``'s decision (:mod:`.lend`): the idle time predicted and the prompts lent; None when off."""
+    source: Any = None
+    """The spec as given, before the planner rewrote it (``schedule.lend`` adds nodes): what a run's
+    ``config.yaml`` keeps, so that compiling it again (``--resume``, ``plan --timings``) plans the same graph."""
     """``model.dtype: auto`` on every pool that runs the model (empty for an explicit dtype)."""
 
     def __post_init__(self) -> None:

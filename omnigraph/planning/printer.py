@@ -134,4 +134,5 @@ def lend_line(info: dict) -> str:
         return f"not lent ({info['mode']}): {info.get('reason', idle)}"
     k, p = info["lent_prompts"], info["prompts"]
     return (f"{info['generator']}_lent on {info['pool']} samples prompts {p - k}..{p - 1} of each step's {p} with "
-            f"the weights of that step's update (staleness 0); {info['generator']} the other {p - k}; {idle}")
+            f"the weights of that step's update (staleness 0); {info['generator']} the other {p - k}; {idle}; the "
+            f"trainer's pool x{info['speed']:g} the rollout's time per prompt ({info['speed_from']})")

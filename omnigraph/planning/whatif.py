@@ -94,13 +94,30 @@ def _key(schedule) -> tuple[str, int | None]:
     return schedule.mode, (schedule.ahead or 1 if schedule.mode == "async" else None)
 
 
+def as_whole_steps(ran, timings: dict[str, float]) -> dict[str, float]:
+    """A run that lent (``schedule.lend``) split each step's prompts between two generators and their scorers: their
+    times scaled to all of a step's prompts (time in proportion to prompts), as the planner takes node times."""
+    p = ran.task.prompts
+    out = dict(timings)
+    for name, node in ran.nodes.items():
+        share = getattr(node, "prompt_share", None)
+        if share is None or name not in out or share[1] <= share[0]:
+            continue
+        scale = p / (share[1] - share[0])
+        out[name] *= scale
+        for e in ran.edges:
+            if e.src == name and e.dst in out and ran.nodes[e.dst].kind == "reward":
+                out[e.dst] *= scale
+    return out
+
+
 def node_times(spec, run_dir: str | Path) -> tuple[dict[str, float], float | None, Any, int]:
     """A run's steady-state node costs (the rollout's weight loading counted into its generator), its measured
     s/step, the spec it ran (its ``config.yaml``, else ``spec``) and its number of steps."""
     rows, summary = read_run(run_dir)
     config = Path(run_dir) / "config.yaml"
     ran = compile(to_spec(config) if config.is_file() else spec)     # the run's fill and schedule
-    timings = steady_medians(rows, ran.fill)
+    timings = as_whole_steps(ran.graph.spec, steady_medians(rows, ran.fill))
     apply_s = timings.pop("apply_weights", 0.0)
     if not any(n in timings for n in spec.nodes):
         raise GraphError(f"no node of '{spec.name}' appears in {run_dir}/metrics.jsonl", where="--timings",

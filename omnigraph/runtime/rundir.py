@@ -49,7 +49,7 @@ def new_run_dir(parent: str | Path, name: str) -> Path:
 
 def write_header(out: Path, plan) -> None:
     """``config.yaml`` and ``plan.txt`` of a new run."""
-    spec = plan.graph.spec
+    spec = plan.source if plan.source is not None else plan.graph.spec     # as given: compiles to this plan again
     (out / "config.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     (out / "plan.txt").write_text(str(plan) + "\n")
     if plan.graph.data:                 # prompts from data: what was read, for the ledger and for --resume
