@@ -8,6 +8,8 @@
    the wire) at the shipped rate and at 1e-6 (the order of an LLM's RL rate). ``delta_bytes_fraction``: the
    delta run's bytes over the dense bytes of the same syncs, the dense first sync left out; ``delta_sync_speedup``:
    the median seconds per sync (export on the trainer + load on the rollout) of the full run over the delta run's.
+   With a GPU, also ``graphs/gpu/grpo_one_step_off.yaml`` (both pools on the card, bf16, weights by CUDA IPC)
+   at its rate and at 1e-6 (``_cuda_ipc`` keys).
 2. **Lending** (``schedule.lend``): a rollout-bound graph (:func:`lending_graph`: with a GPU, the shipped graph
    with its rollout on one CPU core and its trainer on the GPU; without, the shipped graph with ``math_verify``
    as its reward) run without lending; its measured node times are given to the planner (``nodes.*.cost``) and
@@ -43,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 GRAPH = str(ROOT / "graphs" / "grpo_one_step_off.yaml")
+GPU_GRAPH = str(ROOT / "graphs" / "gpu" / "grpo_one_step_off.yaml")
 PARTS = ("delta", "lend", "advisor")
 SYNC_GRAPH = str(ROOT / "graphs" / "grpo_sync.yaml")
 
@@ -67,14 +70,15 @@ def sync_costs(rows: list[dict]) -> tuple[float, int, int]:
     return statistics.median(secs), int(sent), int(dense)
 
 
-def delta_pair(where: Path, it: int, extra: list[str], tag: str) -> dict:
+def delta_pair(where: Path, it: int, extra: list[str], tag: str, graph: str = GRAPH) -> dict:
     base = [f"schedule.iterations={it}", *extra]
-    _, full, _ = go(GRAPH, base + ["nodes.sync.payload=full"], where, f"full{tag}")
-    _, delta, _ = go(GRAPH, base + ["nodes.sync.payload=delta"], where, f"delta{tag}")
+    _, full, plan = go(graph, base + ["nodes.sync.payload=full"], where, f"full{tag}")
+    _, delta, _ = go(graph, base + ["nodes.sync.payload=delta"], where, f"delta{tag}")
     f_s, f_bytes, _ = sync_costs(full)
     d_s, d_bytes, dense = sync_costs(delta)
     return {f"delta_bytes_fraction{tag}": round(d_bytes / dense, 4), f"delta_sync_speedup{tag}": round(f_s / d_s, 3),
-            f"full_sync_s{tag}": round(f_s, 5), f"delta_sync_s{tag}": round(d_s, 5)}
+            f"full_sync_s{tag}": round(f_s, 5), f"delta_sync_s{tag}": round(d_s, 5),
+            f"delta_path{tag}": ", ".join(sorted(set(plan.weights.values())))}
 
 
 def node_medians(run_dir: Path) -> dict[str, float]:
@@ -218,6 +222,9 @@ def main() -> int:
             out.update(delta_pair(where, it, [], ""))
             out.update(delta_pair(where, it, ["model.dtype=bfloat16"], "_bf16"))
             out.update(delta_pair(where, it, ["model.dtype=bfloat16", "nodes.update.lr=1e-6"], "_bf16_lr1e-6"))
+            if cuda:                 # both pools on the GPU: weights by CUDA IPC, bf16 (graphs/gpu)
+                out.update(delta_pair(where, it, [], "_cuda_ipc", GPU_GRAPH))
+                out.update(delta_pair(where, it, ["nodes.update.lr=1e-6"], "_cuda_ipc_lr1e-6", GPU_GRAPH))
         if "lend" in parts:
             out.update(lending(where, 2 * it, cuda))
         if "advisor" in parts:
