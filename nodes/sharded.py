@@ -27,13 +27,31 @@ What the trainer's nodes must keep to, and this module gives them:
 
 from __future__ import annotations
 
+import sys
+
 import torch
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
+
+# FSDP and DTensor are imported by :func:`shard` only (0.6 s of every trainer's start-up otherwise): before
+# it ran, no module or tensor can be one of theirs, and the checks below say so without importing them.
+
+
+class _Never:
+    """Stands for FSDP2's and DTensor's classes until they are imported: nothing is an instance of it."""
+
+
+def _fsdp_module():
+    m = sys.modules.get("torch.distributed.fsdp")
+    return getattr(m, "FSDPModule", _Never) if m else _Never
+
+
+def _dtensor():
+    m = sys.modules.get("torch.distributed.tensor")
+    return getattr(m, "DTensor", _Never) if m else _Never
 
 
 def shard(model: torch.nn.Module, mesh) -> torch.nn.Module:
     """``fully_shard`` each decoder layer (transformers names them ``*DecoderLayer``), then the root."""
+    from torch.distributed.fsdp import fully_shard
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no *DecoderLayer modules to shard one by one")
@@ -46,12 +64,13 @@ def shard(model: torch.nn.Module, mesh) -> torch.nn.Module:
     return model
 
 
-def units(model: torch.nn.Module) -> list[FSDPModule]:
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+def units(model: torch.nn.Module) -> list:
+    fsdp = _fsdp_module()
+    return [m for m in model.modules() if isinstance(m, fsdp)]
 
 
 def local(t):
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if isinstance(t, _dtensor()) else t
 
 
 def idle_pass(model: torch.nn.Module, device, backward: bool) -> None:
@@ -105,6 +124,7 @@ def load_local(model: torch.nn.Module, opt, state: dict) -> None:
                              f"{tuple(mine.shape)}: restore with the same pools.<trainer>.actors")
         mine.copy_(state["model"][k])
     opt.load_state_dict(state["opt"])
+    DTensor = _dtensor()
     for p, st in opt.state.items():               # moments back to DTensors shaped like their parameter
         if isinstance(p, DTensor):
             for k, v in st.items():
@@ -118,8 +138,9 @@ def gather(model: torch.nn.Module, keep: bool, dtype=None, names=None, into: dic
     """The full tensors of the model's state dict (or of ``names``), unit by unit; every rank calls it and
     only a rank with ``keep`` gets them (cast to ``dtype``; written into ``into``'s tensors when it has them)."""
     keys = list(model.state_dict().keys()) if names is None else list(names)
-    prefixes = {m: n for n, m in model.named_modules() if isinstance(m, FSDPModule)}
-    owner: dict[FSDPModule, list[str]] = {u: [] for u in prefixes}
+    fsdp = _fsdp_module()
+    prefixes = {m: n for n, m in model.named_modules() if isinstance(m, fsdp)}
+    owner: dict = {u: [] for u in prefixes}
     for k in keys:        # the deepest unit whose prefix the name starts with (the root's is "")
         u = max((u for u, p in prefixes.items() if not p or k.startswith(p + ".")), key=lambda u: len(prefixes[u]))
         owner[u].append(k)
