@@ -96,14 +96,9 @@ def _killer(out: Path, seed: int, latest_s: float, killed: dict, stop: threading
             break
         time.sleep(0.05)
     time.sleep(rng.uniform(0.0, latest_s))
-    actors = {}
-    for p in psutil.process_iter(["pid"]):
-        try:
-            name = p.environ().get("OMNIGRAPH_ACTOR")
-        except (psutil.Error, OSError):
-            continue
-        if name:
-            actors[name] = p.pid
+    # the run's placement.jsonl says which process each actor of the current attempt is
+    placed = [read_jsonl(f)[-1]["actors"] for f in out.glob("*/placement.jsonl")]
+    actors = {name: a["pid"] for name, a in (placed[0] if placed else {}).items() if psutil.pid_exists(a["pid"])}
     if stop.is_set() or not actors:
         return
     name = rng.choice(sorted(actors))
@@ -200,7 +195,7 @@ def main() -> int:
                 r = supervised(graph, over, tmp / f"f{n}", inject=inject, kill=kill)
                 if kill:
                     actor = r["killed"].get("actor", "(none: the run ended first)")
-                    name, cause = f"{name}: {actor}", rf"actor {re.escape(actor)} died"
+                    name, cause = f"{name}: {actor}", rf"actor {re.escape(actor)} (died|is gone)"
                 results[name], kinds[name] = judged(r, cause, groups), kind
                 print(f"  {name}: {'survived' if results[name]['survived'] else 'NOT survived'}", flush=True)
 

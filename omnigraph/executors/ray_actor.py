@@ -32,7 +32,9 @@ class Failed:
 
 class GraphActor:
     def __init__(self, plan, actor: str, ops, signal_dir: str | None, wait_timeout: float,
-                 preload_torch: bool = True):
+                 preload_torch: bool = True, env: dict[str, str] | None = None):
+        os.environ.update(env or {})        # first: torch, transformers and Ray's channels read it as they load
+        sys.path.extend(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path)
         self.actor = actor
         self.ops = ops
         self.wait_timeout = wait_timeout

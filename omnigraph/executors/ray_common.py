@@ -148,21 +148,22 @@ class RayExecutor(Executor):
         self.shm_tag = env["OMNIGRAPH_SHM_TAG"] = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         env |= {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan)),
                 "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
-               "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
+                "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
         spec = self.plan.graph.spec
         cores = core_layout(self.plan, spec) if spec.runtime.pin_cpus else {}
         actors = {}
         for name, a in self.plan.actors.items():
             pin = {"OMNIGRAPH_PIN_CPUS": ",".join(map(str, cores[name]))} if name in cores else {}
-            # OpenMP reads this once, when the process starts: set it here, not inherited
             pin["OMP_NUM_THREADS"] = str(len(cores[name]) if name in cores else max(1, int(a.cpus)))
-            pin["OMNIGRAPH_ACTOR"] = name            # which process is which, for ps and for fault tests
+            pin["OMNIGRAPH_ACTOR"] = name            # which process is which (placement.jsonl has its pid)
             labels = dict(spec.pools[a.pool].labels)
+            # The environment goes in as an argument, set by the actor before it imports anything that reads it
+            # (torch: OMP_NUM_THREADS), not as a runtime_env: an actor with a runtime_env of its own needs a new
+            # worker process, while one without takes a worker Ray started beside ray.init (a second less).
             actors[name] = remote.options(
-                num_cpus=a.cpus, num_gpus=a.gpus, **({"label_selector": labels} if labels else {}),
-                runtime_env={"env_vars": env | pin}).remote(
+                num_cpus=a.cpus, num_gpus=a.gpus, **({"label_selector": labels} if labels else {})).remote(
                 self.plan, name, self.ops, self.signals.dir if self.signals else None, self.timeout,
-                self.preload_torch)
+                self.preload_torch, env | pin)
         return actors
 
     def _ready(self) -> dict[str, dict[str, Any]]:
@@ -235,8 +236,9 @@ class RayExecutor(Executor):
             raise self.lost(-1, frozenset(), e) from None
 
     def placement(self) -> dict[str, dict[str, Any]]:
-        """Where each actor runs: its node's id and labels."""
-        return {name: {"node_id": i["node_id"], "labels": i.get("labels", {})} for name, i in self.info.items()}
+        """Where each actor runs: its node's id and labels, and its process."""
+        return {name: {"node_id": i["node_id"], "labels": i.get("labels", {}), "pid": i["pid"]}
+                for name, i in self.info.items()}
 
     def pids(self) -> dict[str, int]:
         return {name: i["pid"] for name, i in self.info.items()}
