@@ -11,7 +11,7 @@ from omnigraph.cli import main
 from omnigraph.runtime import run
 from omnigraph.transports.delta import HEAD, DeltaMismatch, Encoder, apply, delta_bytes
 
-from conftest import GRAPHS
+from conftest import GRAPHS, ROOT
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 GRAPH = str(GRAPHS / "grpo_one_step_off.yaml")
@@ -137,3 +137,67 @@ def test_a_corrupted_rollout_is_caught_by_the_checksum_and_reseeded_densely(tmp_
     assert len(dense) == 2 and dense[0] == 1, dense     # the first export of each attempt, and no other
     assert all(r["sync_bytes"] < 0.3 * r["sync_dense_bytes"] for r in syncs if r["step"] not in dense)
     assert rows[-1]["step"] == plan.steps - 1 and not result.summary.get("groups_lost")
+
+
+DELTA_WORKER = r"""
+import json, pickle, sys, torch
+from omnigraph.transports import groups, nccl
+from omnigraph.transports.delta import HEAD, Encoder, apply, bits
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+g = groups.join("d", "127.0.0.1", port, rank, 2, backend="gloo")
+gen = torch.Generator().manual_seed(0)
+w = {"a": torch.randn(300, 70, generator=gen).to(torch.bfloat16), "b": torch.randn(1000, generator=gen)}
+def digest(t):
+    return {k: int(bits(v).sum()) for k, v in t.items()}
+if rank == 0:
+    enc, sizes = Encoder(), []
+    for v in range(1, 5):
+        if v > 1:                                   # about 3% of the values change between versions
+            for t in w.values():
+                mask = torch.rand(t.shape, generator=gen) < 0.03
+                t[mask] = (t[mask].float() + 0.5).to(t.dtype)
+        st = enc.encode(w, torch.bfloat16, version=v)
+        meta = nccl.describe(st.tensors, g.name, dtype=torch.bfloat16, bucket_bytes=4096)   # a layout per export
+        g.store.set(f"meta{v}", pickle.dumps((st.payload, meta)))
+        nccl.send(meta, st.tensors, g)
+        sizes.append([st.payload, meta.nbytes])
+    g.store.wait(["done"])
+    for x in g.inflight.values():
+        x.wait()
+    print(json.dumps({"sizes": sizes, "digest": digest({k: v.to(torch.bfloat16) for k, v in w.items()})}))
+else:
+    mine, held = None, 0
+    for v in range(1, 5):
+        payload, meta = pickle.loads(g.store.get(f"meta{v}"))
+        got = nccl.fetch(meta, g)
+        if payload == "full":
+            mine = {k: t.clone() for k, t in got.items() if k in ("a", "b")}
+        else:
+            apply(got, mine, held)                  # checks the base and the checksums, then writes in place
+        held = v
+    g.store.set("done", "1")
+    print(json.dumps({"digest": digest(mine)}))
+sys.stdout.flush()
+__import__("os")._exit(0)                           # no gloo teardown at exit (see test_weightsync)
+"""
+
+
+def test_deltas_travel_over_a_process_group_and_rebuild_the_sender_bit_for_bit():
+    """The group path (``nccl`` on GPUs; gloo here, the same code) carries a delta: a new description per
+    export, positions and values broadcast, applied and checked on the receiving process."""
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+    root = ROOT
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", DELTA_WORKER, str(r), str(store.port)], cwd=root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(err[-3000:] for _, err in outs)
+    sender, receiver = (json.loads([x for x in out.splitlines() if x.startswith("{")][-1]) for out, _ in outs)
+    payloads, nbytes = zip(*sender["sizes"])
+    assert payloads == ("full", "delta", "delta", "delta") and max(nbytes[1:]) < 0.3 * nbytes[0]
+    assert receiver["digest"] == sender["digest"]
