@@ -70,27 +70,6 @@ def test_compiled_one_step_off_overlaps_generation_with_training(ray_session):
 
 
 
-def test_actors_start_with_their_environment_and_placement_names_their_processes(ray_session):
-    """The actors' environment arrives as an argument (no per-actor runtime_env, so they can take the workers
-    Ray prestarted): each is pinned to its own cores before its first step, and ``placement`` (what
-    ``placement.jsonl`` records) names each actor's process."""
-    import psutil
-    from omnigraph.executors.ray_common import core_layout
-    plan = og.compile(og.load(SYNTH, ["schedule.iterations=2", "runtime.pin_cpus=true"]))
-    cores = core_layout(plan, plan.graph.spec)
-    ex = make_executor(plan, "ray")
-    ex.start()
-    try:
-        placed = ex.placement()
-        assert sorted(placed) == sorted(plan.actors) and len({a["pid"] for a in placed.values()}) == len(placed)
-        for name, a in placed.items():
-            assert a["pid"] == ex.pids()[name] != os.getpid()
-            if cores:
-                assert sorted(psutil.Process(a["pid"]).cpu_affinity()) == sorted(cores[name])
-        assert len(list(ex.steps())) == plan.steps
-    finally:
-        ex.stop()
-
 def run_cli(args, env_extra=None, timeout=180, interrupt_when=None):
     """Run ``omnigraph``; return (code, stderr, the descendants it had that are still alive, all it had). With
     ``interrupt_when``, SIGINT goes out as soon as ``interrupt_when()`` is true; the run must end 60 s after it."""

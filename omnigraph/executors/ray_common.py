@@ -54,6 +54,8 @@ class RayExecutor(Executor):
 
         spec = self.plan.graph.spec
         self._owns_ray = not ray.is_initialized()
+        # what Ray's workers preload, they load before an actor could set its environment (see _start_actors)
+        self._fresh_workers = self._owns_ray and not os.environ.get("LD_PRELOAD")
         if self._owns_ray:
             if not spec.runtime.address:        # a local cluster of this process's own, on loopback
                 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -158,10 +160,15 @@ class RayExecutor(Executor):
             pin["OMNIGRAPH_ACTOR"] = name            # which process is which (placement.jsonl has its pid)
             labels = dict(spec.pools[a.pool].labels)
             # The environment goes in as an argument, set by the actor before it imports anything that reads it
-            # (torch: OMP_NUM_THREADS), not as a runtime_env: an actor with a runtime_env of its own needs a new
-            # worker process, while one without takes a worker Ray started beside ray.init (a second less).
+            # (torch: OMP_NUM_THREADS). On a cluster this executor just started, not also as a runtime_env: an
+            # actor with a runtime_env of its own needs a new worker process, one without takes a worker Ray
+            # prestarted beside ray.init (a second less). Otherwise a runtime_env sets it as the process starts:
+            # on a cluster that ran before (idle workers that earlier tasks used: pinned elsewhere, torch loaded
+            # with other threads), and under LD_PRELOAD (vLLM's CPU backend sets it to torch's libgomp in the
+            # process it runs in: preloaded, OpenMP reads OMP_NUM_THREADS before the actor could set it).
+            own = {} if self._fresh_workers else {"runtime_env": {"env_vars": env | pin}}
             actors[name] = remote.options(
-                num_cpus=a.cpus, num_gpus=a.gpus, **({"label_selector": labels} if labels else {})).remote(
+                num_cpus=a.cpus, num_gpus=a.gpus, **({"label_selector": labels} if labels else {}), **own).remote(
                 self.plan, name, self.ops, self.signals.dir if self.signals else None, self.timeout,
                 self.preload_torch, env | pin)
         return actors
