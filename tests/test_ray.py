@@ -69,7 +69,6 @@ def test_compiled_one_step_off_overlaps_generation_with_training(ray_session):
     assert times["one_step_off"] == pytest.approx(0.30, rel=0.15)
 
 
-
 def run_cli(args, env_extra=None, timeout=180, interrupt_when=None):
     """Run ``omnigraph``; return (code, stderr, the descendants it had that are still alive, all it had). With
     ``interrupt_when``, SIGINT goes out as soon as ``interrupt_when()`` is true; the run must end 60 s after it."""

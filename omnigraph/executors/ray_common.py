@@ -55,7 +55,7 @@ class RayExecutor(Executor):
         spec = self.plan.graph.spec
         self._owns_ray = not ray.is_initialized()
         # what Ray's workers preload, they load before an actor could set its environment (see _start_actors)
-        self._fresh_workers = self._owns_ray and not os.environ.get("LD_PRELOAD")
+        self._fresh_workers = self._owns_ray and not spec.runtime.address and not os.environ.get("LD_PRELOAD")
         if self._owns_ray:
             if not spec.runtime.address:        # a local cluster of this process's own, on loopback
                 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
