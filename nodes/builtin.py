@@ -187,10 +187,13 @@ def _torch_sync(node, options, spec) -> list:
     return []
 
 
+WARM_MODEL = "nodes.models:warm"
+"""Warm workers import the model's architecture code with the backend's module (``Backend.warm``)."""
+
 GENERATE_HF = Backend("generate", "nodes.hf:Generate", uses_model=True, partial=True, check=_token_generator,
-                      doc="transformers generate: batched sampling with per-token logprobs")
+                      warm=WARM_MODEL, doc="transformers generate: batched sampling with per-token logprobs")
 GENERATE_VLLM = Backend("generate", "nodes.vllm_backend:VllmGenerate", uses_model=True, partial=True,
-                        check=_vllm_generator,
+                        check=_vllm_generator, warm=False,   # vLLM binds OpenMP to its cores: torch must load after
                         doc="a vLLM engine in the rollout actor, weights loaded in place (extra: vllm)")
 GENERATE_SYNTHETIC = Backend("generate", "nodes.synthetic:Generate", partial=True, check=_synthetic_generator,
                              doc="stand-in work of `cost` seconds")
@@ -201,19 +204,19 @@ REWARD_SYNTHETIC = Backend("reward", "nodes.scorer:Reward", check=_no_model, doc
 REWARD_MODEL = Backend("reward", "nodes.reward_model:RewardModel", check=_reward_model,
                        doc="a sequence-classification reward model, batched on its pool's device; GRPO advantages")
 
-OLD_LOGPROB_TORCH = Backend("old_logprob", "nodes.logprob:Logprob", uses_model=True, sharded=True,
+OLD_LOGPROB_TORCH = Backend("old_logprob", "nodes.logprob:Logprob", uses_model=True, sharded=True, warm=WARM_MODEL,
                             doc="the trainer's current weights (fused into a one-step update)")
-REF_LOGPROB_TORCH = Backend("ref_logprob", "nodes.logprob:Logprob", uses_model=True, sharded=True,
+REF_LOGPROB_TORCH = Backend("ref_logprob", "nodes.logprob:Logprob", uses_model=True, sharded=True, warm=WARM_MODEL,
                             doc="the initial weights")
 LOGPROB_SYNTHETIC = Backend("old_logprob", "nodes.synthetic:Logprob", doc="deterministic stand-in")
 REF_LOGPROB_SYNTHETIC = Backend("ref_logprob", "nodes.synthetic:Logprob", doc="deterministic stand-in")
 
 UPDATE_TORCH = Backend("update", "nodes.update:Update", uses_model=True, data_parallel=True, sharded=True,
-                       check=_torch_trainer,
+                       warm=WARM_MODEL, check=_torch_trainer,
                        doc="decoupled PPO, AdamW; full or LoRA; data-parallel or FSDP2-sharded over the pool's actors")
 UPDATE_SYNTHETIC = Backend("update", "nodes.synthetic:Update", doc="stand-in work of `cost` seconds")
 
-SYNC_TORCH = Backend("sync", "nodes.sync:Sync", uses_model=True, sharded=True, check=_torch_sync,
+SYNC_TORCH = Backend("sync", "nodes.sync:Sync", uses_model=True, sharded=True, check=_torch_sync, warm=WARM_MODEL,
                      doc="full weights or LoRA adapter tensors")
 SYNC_SYNTHETIC = Backend("sync", "nodes.synthetic:Sync", doc="the version only")
 

@@ -195,6 +195,24 @@ def load(path: Path, dtype: str = "float32", device: str = "cpu"):
     return model, tok
 
 
+def warm(model_dir: Path | None) -> None:
+    """Import what :func:`load` needs for the model in ``model_dir`` (its architecture's code, its tokenizer's class)
+    without building either. Run in the process Ray's workers are forked from (``runtime.warm_workers``), so that
+    every actor starts with them imported."""
+    import torch  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    if model_dir is None or not (Path(model_dir) / "config.json").exists():
+        return
+    config = AutoConfig.from_pretrained(model_dir)
+    AutoModelForCausalLM._model_mapping[type(config)]            # imports transformers.models.<type>.modeling_<type>
+    tok = Path(model_dir) / "tokenizer_config.json"
+    name = json.loads(tok.read_text()).get("tokenizer_class") if tok.exists() else None
+    if name:
+        tokenizer_class_from_name(name)
+
+
 def with_lora(model, lora):
     """``model`` wrapped with peft LoRA adapters as ``lora`` (an ``omnigraph.sdk.Lora``) says."""
     from peft import LoraConfig, get_peft_model

@@ -422,6 +422,10 @@ class RuntimeSpec(Strict):
     each stops the run at the next step boundary with a checkpoint (:mod:`omnigraph.runtime.interrupt`)."""
     grace_s: float = Field(60.0, gt=0, le=86_400)
     """After such a signal: the time the steps in flight and the checkpoint get; then the run stops at once."""
+    warm_workers: bool = True
+    """On a local cluster this run starts (Linux): Ray's worker processes are forks of one process that imported
+    torch and the nodes' code while Ray started, instead of each importing them anew (start-up seconds shorter;
+    those modules' memory shared). Not with a backend that refuses it (vLLM) nor under ``LD_PRELOAD``."""
     pin_cpus: bool = True
     """On a local cluster, give each actor its own cores (``pools.*.cpus`` whole cores, laid out in
     order) when they all fit the machine: pools then stop fighting over cores (vLLM binds its

@@ -33,6 +33,8 @@ class Failed:
 class GraphActor:
     def __init__(self, plan, actor: str, ops, signal_dir: str | None, wait_timeout: float,
                  preload_torch: bool = True, env: dict[str, str] | None = None):
+        # a warm worker (a fork of the warm server, executors.warm) starts with torch and the nodes' code loaded
+        self.warm = os.environ.get("OMNIGRAPH_WARM_WORKER") == "1" and "torch" in sys.modules
         os.environ.update(env or {})        # first: torch, transformers and Ray's channels read it as they load
         sys.path.extend(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path)
         self.actor = actor
@@ -64,6 +66,7 @@ class GraphActor:
         ctx = ray.get_runtime_context()
         labels = {k: v for k, v in ctx.get_node_labels().items() if not k.startswith("ray.io/")}
         return {"pid": os.getpid(), "node_id": ctx.get_node_id(), "labels": labels, "error": self.init_error,
+                "warm": self.warm,
                 "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])], "cuda": _cuda_info()}
 
     def status(self) -> tuple[str, int, float] | None:

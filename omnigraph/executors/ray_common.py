@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections import deque
@@ -17,7 +18,9 @@ from ..transports.shmfiles import remove_shm     # not .pack: the driver need no
 from .base import Executor, StepResult
 from .program import Op, pipe_names, program
 from .ray_actor import GraphActor
+from .ray_start import INIT, start_local, stop_node
 from .signals import Signals, signal_dir
+from .warm import WarmServer, preload_spec
 
 MIN_BUFFER = 1 << 20
 IN_FLIGHT = 2
@@ -56,11 +59,13 @@ class RayExecutor(Executor):
         self._owns_ray = not ray.is_initialized()
         # what Ray's workers preload, they load before an actor could set its environment (see _start_actors)
         self._fresh_workers = self._owns_ray and not spec.runtime.address and not os.environ.get("LD_PRELOAD")
-        if self._owns_ray:
-            if not spec.runtime.address:        # a local cluster of this process's own, on loopback
-                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(address=spec.runtime.address or "local", include_dashboard=False, logging_level="ERROR",
-                     log_to_driver=True, configure_logging=False)
+        self._node = self.warm = None
+        if self._owns_ray and spec.runtime.address:
+            ray.init(address=spec.runtime.address, **INIT)
+        elif self._owns_ray:                    # a local cluster of this process's own, on loopback
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            self.warm = self._warm_server()
+            self._node = start_local(self.warm)
         self.timeout = float(spec.runtime.step_timeout_s)
         self.signals = None
         # pipes work between processes of one host: on a cluster (--address) Ray's own waiting is used
@@ -71,8 +76,30 @@ class RayExecutor(Executor):
             self.signals.create(pipe_names(self.ops))
         self._check_resources()
         self.actors = self._start_actors()
+        if self.warm is not None:
+            self._warm_wait()
         self.info = self._ready()
         self._join_groups()
+
+    def _warm_server(self) -> WarmServer | None:
+        """The warm server for this plan's actors (:mod:`.warm`), started before Ray; None where warm workers
+        do not apply (switched off, not Linux, ``LD_PRELOAD``, a backend that refuses them)."""
+        spec = self.plan.graph.spec
+        if not (spec.runtime.warm_workers and self._fresh_workers and sys.platform == "linux"):
+            return None
+        uses_model = any(n.kind != "custom" and plugins.backend(n.kind, n.backend).uses_model
+                         for n in self.plan.graph.nodes.values())
+        model = plugins.model_dir(spec.model.path, spec.model.seed) if uses_model else None
+        what = preload_spec(self.plan, model) if self.preload_torch else None
+        return WarmServer(what, QUIET | python_path()) if what is not None else None
+
+    def _warm_wait(self) -> None:
+        """Until the warm server's imports are done (the actors wait for them anyway), saying so."""
+        self.on_status("warm workers: importing torch and the nodes' code once")
+        info = self.warm.ready()
+        self.warm_info = info
+        if info.get("failed"):
+            self.on_status("warm workers: not preloaded: " + "; ".join(info["failed"]))
 
     def _join_groups(self) -> None:
         """The process groups the plan lists (``Plan.groups``), formed before the first step: weights over
@@ -148,9 +175,7 @@ class RayExecutor(Executor):
                and k not in ("OMNIGRAPH_PIN_CPUS", "OMNIGRAPH_SHM_TAG", "OMNIGRAPH_ACTOR")}
         # the actors' /dev/shm weight files carry this tag: stop() removes them even after a kill
         self.shm_tag = env["OMNIGRAPH_SHM_TAG"] = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        env |= {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan)),
-                "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
-                "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
+        env |= {"RAY_CGRAPH_buffer_size_bytes": str(channel_bytes(self.plan))} | QUIET | python_path()
         spec = self.plan.graph.spec
         cores = core_layout(self.plan, spec) if spec.runtime.pin_cpus else {}
         actors = {}
@@ -244,7 +269,7 @@ class RayExecutor(Executor):
 
     def placement(self) -> dict[str, dict[str, Any]]:
         """Where each actor runs: its node's id and labels, and its process."""
-        return {name: {"node_id": i["node_id"], "labels": i.get("labels", {}), "pid": i["pid"]}
+        return {name: {"node_id": i["node_id"], "labels": i.get("labels", {}), "pid": i["pid"], "warm": i["warm"]}
                 for name, i in self.info.items()}
 
     def pids(self) -> dict[str, int]:
@@ -343,7 +368,21 @@ class RayExecutor(Executor):
         if getattr(self, "_owns_ray", False) and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False
+        node, self._node = getattr(self, "_node", None), None
+        stop_node(node)
+        warm, self.warm = getattr(self, "warm", None), None
+        if warm is not None:
+            warm.stop()
 
+
+
+QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+"""The actors' libraries keep their progress bars and advice to themselves (read as they load)."""
+
+
+def python_path() -> dict[str, str]:
+    """The driver's folder on the actors' path (a graph's dotted names may point into it)."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
 
 
 def fmt_labels(labels: dict[str, str]) -> str:

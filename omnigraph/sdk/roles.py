@@ -66,6 +66,12 @@ class Backend:
     check: Callable[[str, Any, Any], list] | None = None
     """``check(node, options, spec) -> [ConfigError, ...]``: what this backend refuses in a graph (its options,
     and how they must agree with the rest), run by the compiler before anything starts."""
+    warm: bool | str = True
+    """What the process Ray's workers are forked from (``runtime.warm_workers``) loads for this backend before
+    any actor exists, so that each actor starts with it imported: True, the module of ``impl``;
+    ``"module:function"``, that module too, then ``function(model_dir)`` (e.g. importing the model's architecture
+    code; ``model_dir`` is None without a model); False, nothing (a backend whose imports start threads, bind the
+    process to cores or touch a GPU: everything imported there is shared by every worker forked after)."""
     doc: str = ""
 
 
