@@ -75,6 +75,8 @@ class Generate(Rollout):
         self.lora = ctx.policy.lora
         if self.lora is not None:
             self.model = models.with_lora(self.model, self.lora)
+        else:
+            models.contiguous(self.model)       # new weights arrive in one copy (copy_into coalesces)
         self.stops = self.stop_ids()
         self.stopper = _FaultPoint(ctx)
         self._targets: dict = {}                   # payload -> the model's own tensors (stable: written in place)

@@ -213,6 +213,34 @@ def warm(model_dir: Path | None) -> None:
         tokenizer_class_from_name(name)
 
 
+def contiguous(model) -> int:
+    """Move the model's parameters into one flat buffer per dtype and device, in the order of its state dict
+    (tied parameters once), each parameter a view of it; returns the bytes moved.
+
+    A weights export then casts or copies one span instead of one tensor at a time (a pack is laid out in the same
+    order: :func:`omnigraph.sdk.tensors.coalesce`): on an H100, Qwen2.5-0.5B's fp32 master weights into the bf16
+    hand-over buffer were 290 cast kernels. Call it once, after the model is on its device and before an
+    optimizer or a compiled step holds its parameters' addresses."""
+    import torch
+    seen, groups = set(), {}
+    for t in model.state_dict(keep_vars=True).values():
+        if isinstance(t, torch.nn.Parameter) and id(t) not in seen:
+            seen.add(id(t))
+            groups.setdefault((t.dtype, t.device), []).append(t)
+    moved = 0
+    with torch.no_grad():
+        for (dtype, device), params in groups.items():
+            flat = torch.empty(sum(p.numel() for p in params), dtype=dtype, device=device)
+            at = 0
+            for p in params:
+                n = p.numel()
+                flat[at:at + n].copy_(p.data.reshape(-1))
+                p.data = flat[at:at + n].view_as(p)
+                at += n
+            moved += flat.numel() * flat.element_size()
+    return moved
+
+
 def with_lora(model, lora):
     """``model`` wrapped with peft LoRA adapters as ``lora`` (an ``omnigraph.sdk.Lora``) says."""
     from peft import LoraConfig, get_peft_model

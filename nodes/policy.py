@@ -70,8 +70,10 @@ class Policy:
         self.lora = ctx.policy.lora
         if self.lora is not None:
             self.model = models.with_lora(self.model, self.lora)
-        self.lr, self.weight_decay = ctx.policy.lr, ctx.policy.weight_decay
         self.sharded = ctx.sharding == "fsdp"
+        if self.lora is None and not self.sharded:
+            models.contiguous(self.model)       # sync exports it in one cast (its pack has the same order)
+        self.lr, self.weight_decay = ctx.policy.lr, ctx.policy.weight_decay
         # a sharded model gets its optimizer once it is sharded (prepare): AdamW holds its DTensor shards
         self.opt = None if self.sharded else self._optimizer()
         self.ref = None

@@ -32,18 +32,25 @@ class Sync:
         if self.policy.sharded:
             return self._gathered()
         model = self.policy.model
-        params = list(model.parameters())       # walking the modules: ~1 ms for 290 tensors, once per export
-        of = (model, [p.data_ptr() for p in params])
-        swapped = len(params) != len(self._params) or any(a is not b for a, b in zip(params, self._params))
-        if swapped or self._of != of:           # first export, a parameter replaced, or its memory replaced
-            self._params = params
+        if not self._same(model):               # first export, a parameter replaced, or its memory replaced
+            # where each parameter sits: checking these is ~0.1 ms; walking the modules again was ~1.8 ms
+            # (Qwen2.5-0.5B's 290 tensors, H100 host), once per export
+            self._params = [(m, n, p) for m in model.modules() for n, p in m._parameters.items() if p is not None]
+            self._of = (model, [p.data_ptr() for _, _, p in self._params])
             if self.payload == "lora":
                 from peft import get_peft_model_state_dict
                 self._tensors = get_peft_model_state_dict(model)
             else:
                 self._tensors = model.state_dict()
-            self._of = of
         return WeightsState(self._tensors, self.payload, torch.bfloat16 if self.policy.autocast else None)
+
+    def _same(self, model) -> bool:
+        """Whether ``model``'s parameters are the objects and memory of the last export (the optimizer writes
+        them in place; a load that replaces a parameter, or moves it, does not)."""
+        if self._of is None or self._of[0] is not model:
+            return False
+        return all(m._parameters.get(n) is p and p.data_ptr() == ptr
+                   for (m, n, p), ptr in zip(self._params, self._of[1]))
 
     def _gathered(self) -> WeightsState | None:
         """A sharded pool: every rank takes part in gathering the weights unit by unit; rank 0 keeps them, in

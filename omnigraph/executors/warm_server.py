@@ -64,6 +64,16 @@ def preload(spec: dict) -> list[str]:
     return failed
 
 
+def threads() -> list[str]:
+    """The names of this process's threads (Linux), the main one first: a library that started one while
+    importing (e.g. a BLAS thread pool) is forked without it."""
+    try:
+        tids = sorted(os.listdir("/proc/self/task"), key=int)
+        return [open(f"/proc/self/task/{t}/comm").read().strip() for t in tids]
+    except OSError:
+        return []
+
+
 def _receive(conn: socket.socket) -> tuple[tuple, list[int]]:
     head = conn.recv(4, socket.MSG_WAITALL)
     if len(head) != 4:
@@ -125,7 +135,7 @@ def serve(path: str, spec: dict) -> None:
     server.listen(256)
     t0 = time.perf_counter()
     failed = preload(spec)
-    ready = {"ready_s": round(time.perf_counter() - t0, 3), "failed": failed,
+    ready = {"ready_s": round(time.perf_counter() - t0, 3), "failed": failed, "threads": threads(),
              "modules": sorted(m for m in sys.modules if "." not in m)}
     with open(path + ".ready", "w") as f:
         json.dump(ready, f)

@@ -70,4 +70,61 @@ def _pairs(targets: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict:
         g = groups.setdefault((dst.device, src.device), ([], []))
         g[0].append(dst)
         g[1].append(src)
-    return groups
+    return OrderedDict((k, coalesce(d, s)) for k, (d, s) in groups.items())
+
+
+def coalesce(dst: list, src: list) -> tuple[list, list]:
+    """The copies ``dst[i].copy_(src[i])``, fewer and longer: a run of pairs whose destinations lie one after
+    the other in one buffer, and whose sources do too, is one copy between the two spans (casting where the
+    dtypes differ). A model whose parameters live in one flat buffer, copied into a pack laid out in the same
+    order, is one kernel instead of one per tensor: ``torch._foreach_copy_`` fuses only copies of one dtype, so
+    a cast from fp32 master weights to bf16 otherwise launches a copy per tensor.
+
+    >>> import torch
+    >>> a, b = torch.zeros(6), torch.arange(6.0)
+    >>> d, s = coalesce([a[:2], a[2:6], torch.zeros(2)], [b[:2], b[2:6], b[:2]])
+    >>> [t.shape[0] for t in d]
+    [6, 2]
+    >>> _ = torch._foreach_copy_(d, s)
+    >>> torch.equal(a, b)
+    True
+    """
+    runs: list[list] = []                     # each: the pairs of one run
+    for d, s in zip(dst, src):
+        if runs and _follows(runs[-1][-1], (d, s)):
+            runs[-1].append((d, s))
+        else:
+            runs.append([(d, s)])
+    out_d, out_s = [], []
+    for run in runs:
+        if len(run) == 1:
+            out_d.append(run[0][0])
+            out_s.append(run[0][1])
+        else:
+            n = sum(d.numel() for d, _ in run)
+            out_d.append(_flat(run[0][0], n))
+            out_s.append(_flat(run[0][1], n))
+    return out_d, out_s
+
+
+def _follows(prev: tuple, pair: tuple) -> bool:
+    """Whether ``pair``'s destination and source each start where ``prev``'s end, in the same buffer."""
+    for a, b in zip(prev, pair):
+        sa, sb = _span(a), _span(b)
+        if sa is None or sb is None or sa[0] != sb[0] or sa[1] + a.numel() != sb[1]:
+            return False
+    return True
+
+
+def _span(t) -> tuple | None:
+    """``((storage, dtype, device), element offset)`` of a contiguous tensor, or None."""
+    if t.numel() == 0 or not t.is_contiguous():
+        return None
+    return (t.untyped_storage().data_ptr(), t.dtype, t.device), t.storage_offset()
+
+
+def _flat(first, n: int):
+    """``n`` elements of ``first``'s buffer from where ``first`` starts, as one flat tensor."""
+    import torch
+    return torch.empty(0, dtype=first.dtype, device=first.device).set_(
+        first.untyped_storage(), first.storage_offset(), (n,), (1,))

@@ -37,6 +37,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ..sdk.tensors import coalesce
 from .base import portable
 from .shmfiles import unlink
 from .shmpool import new_buffer, open_shared
@@ -69,34 +70,24 @@ class TensorPack(Mapping):
     # -- building ------------------------------------------------------------
     @classmethod
     def pack(cls, tensors: Mapping[str, Any], *, dtype=None, device=None, path: str = "host",
-             pool=None) -> "TensorPack":
+             pool=None, plans: dict | None = None) -> "TensorPack":
         """Copy ``tensors`` (cast to ``dtype`` when given) into fresh flat buffers on ``device`` (``shm``: from
         ``pool``, a :class:`~omnigraph.transports.shmpool.Pool`, when given: it gets the files back when the
-        pack is dropped)."""
-        layout: dict[str, tuple[str, tuple[int, ...], int]] = {}
-        sizes: dict[str, int] = {}
-        seen: dict[tuple, str] = {}
-        sources: list[tuple[str, Any, int]] = []
-        for name, t in tensors.items():
-            key = _key(t)
-            dt = str(dtype if dtype is not None and t.is_floating_point() else t.dtype).removeprefix("torch.")
-            if key in seen and t.numel():                 # tied weights: one copy, two names
-                layout[name] = layout[seen[key]]
-                continue
-            off = sizes.get(dt, 0)
-            layout[name] = (dt, tuple(t.shape), off)
-            sizes[dt] = off + t.numel()
-            seen[key] = name
-            sources.append((dt, t, off))
-        dev = device if device is not None else (sources[0][1].device if sources else "cpu")
+        pack is dropped). ``plans``: a dict the caller keeps between packs, where the layout and the copies are
+        worked out once for the same mapping of the same tensors (no walk over them in Python each time)."""
+        plan = plans.get("last") if plans is not None else None
+        if plan is None or not plan.fits(tensors, dtype):
+            plan = _Plan(tensors, dtype)
+            if plans is not None:
+                plans["last"] = plan
+        dev = device if device is not None else (plan.src[0].device if plan.src else "cpu")
         if path == "shm":
-            buffers = {dt: (pool.take if pool is not None else new_buffer)(n, dt) for dt, n in sizes.items()}
+            buffers = {dt: (pool.take if pool is not None else new_buffer)(n, dt) for dt, n in plan.sizes.items()}
         else:
-            buffers = {dt: torch.empty(n, dtype=getattr(torch, dt), device=dev) for dt, n in sizes.items()}
-        pack = cls(buffers, layout, path)
-        pack._sources = [(dt, n, off) for n, (dt, _, off) in layout.items()
-                         if seen.get(_key(tensors[n])) == n or not tensors[n].numel()]
-        pack._copy([tensors[n] for _, n, _ in pack._sources], [pack[n] for _, n, _ in pack._sources])
+            buffers = {dt: torch.empty(n, dtype=getattr(torch, dt), device=dev) for dt, n in plan.sizes.items()}
+        pack = cls(buffers, plan.layout, path)
+        pack._sources = plan.sources
+        pack._copy(plan.src, [buffers[dt][off:off + _numel(shape)].view(shape) for dt, off, shape in plan.dst])
         pack._dtype = dtype
         if path == "shm":
             pack.files = {dt: b.og_file for dt, b in buffers.items()}
@@ -113,7 +104,7 @@ class TensorPack(Mapping):
         if sources is None or dtype != self._dtype or len(tensors) != len(self.layout):
             return False
         done = getattr(self, "_filled", None)            # the same mapping of the same tensors as last time
-        if done is not None and done[0] is tensors and all(tensors.get(n) is t for n, t in done[1]):
+        if done is not None and done[0] is tensors and _unchanged(tensors, done[1]):
             self._copy(done[2], done[3])
             return True
         if any(n not in self.layout for n in tensors):
@@ -127,14 +118,15 @@ class TensorPack(Mapping):
                 return False
             if t.numel() and first.setdefault((dt, off), ptr[n]) != ptr[n]:
                 return False                              # tied here, not there
-        src, dst = [tensors[n] for _, n, _ in sources], [self[n] for _, n, _ in sources]
-        self._filled = (tensors, [(n, tensors[n]) for n in self.layout], src, dst)
+        dst, src = coalesce([self[n] for _, n, _ in sources], [tensors[n] for _, n, _ in sources])
+        self._filled = (tensors, _where(tensors, self.layout), src, dst)
         self._copy(src, dst)
         return True
 
     @staticmethod
     def _copy(src: list, dst: list) -> None:
-        """``dst[i].copy_(src[i])`` for all ``i``, casting: one multi-tensor copy (a few kernels on a GPU)."""
+        """``dst[i].copy_(src[i])`` for all ``i``, casting: one multi-tensor copy (a few kernels on a GPU; one
+        copy where the sources lie in one buffer in the pack's order, :func:`~omnigraph.sdk.tensors.coalesce`)."""
         with torch.no_grad():
             if dst:
                 torch._foreach_copy_(dst, src)
@@ -187,6 +179,58 @@ class TensorPack(Mapping):
 def _key(t) -> tuple:
     """Where a tensor's elements are: equal for tied names."""
     return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+
+
+def _where(tensors: Mapping[str, Any], names) -> list[tuple[str, Any, int]]:
+    """``(name, tensor, address)`` of each name: what a cached copy plan was made for."""
+    return [(n, tensors[n], tensors[n].data_ptr()) for n in names]
+
+
+def _unchanged(tensors: Mapping[str, Any], where: list) -> bool:
+    """The same tensor objects at the same addresses (a plan's flat views of their memory hold the old memory
+    of a tensor whose ``.data`` was replaced)."""
+    return all(tensors.get(n) is t and t.data_ptr() == p for n, t, p in where)
+
+
+class _Plan:
+    """How ``tensors`` pack (cast to ``dtype``): the layout (tied names once), each dtype buffer's size, and the
+    copies, coalesced (:func:`~omnigraph.sdk.tensors.coalesce`): ``src[i]`` goes to ``dst[i] = (dtype, offset,
+    shape)`` of the new buffers."""
+
+    def __init__(self, tensors: Mapping[str, Any], dtype):
+        self.tensors, self.dtype = tensors, dtype
+        layout: dict[str, tuple[str, tuple[int, ...], int]] = {}
+        sizes: dict[str, int] = {}
+        seen: dict[tuple, str] = {}
+        for name, t in tensors.items():
+            key = _key(t)
+            dt = str(dtype if dtype is not None and t.is_floating_point() else t.dtype).removeprefix("torch.")
+            if key in seen and t.numel():                 # tied weights: one copy, two names
+                layout[name] = layout[seen[key]]
+                continue
+            layout[name] = (dt, tuple(t.shape), sizes.get(dt, 0))
+            sizes[dt] = sizes.get(dt, 0) + t.numel()
+            seen[key] = name
+        self.layout, self.sizes = layout, sizes
+        self.sources = [(dt, n, off) for n, (dt, _, off) in layout.items()
+                        if seen.get(_key(tensors[n])) == n or not tensors[n].numel()]
+        # destinations as placeholder views of one scratch buffer per dtype laid out as the pack's: adjacent
+        # exactly where the pack's are, so coalesce joins what is adjacent on both sides
+        scratch = {dt: torch.empty(n, dtype=getattr(torch, dt), device="meta") for dt, n in sizes.items()}
+        dst, self.src = coalesce([scratch[dt][off:off + _numel(layout[n][1])].view(layout[n][1])
+                                  for dt, n, off in self.sources], [tensors[n] for _, n, _ in self.sources])
+        self.dst = [(str(d.dtype).removeprefix("torch."), d.storage_offset(), tuple(d.shape)) for d in dst]
+        self.where = _where(tensors, tensors.keys())
+
+    def fits(self, tensors: Mapping[str, Any], dtype) -> bool:
+        return tensors is self.tensors and dtype == self.dtype and _unchanged(tensors, self.where)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout: bytes | dict, sender: tuple[int, int],

@@ -37,6 +37,7 @@ class _Packed(Transport):
     def __init__(self, node, options=None):
         super().__init__(node, options)
         self.kept: deque | None = None
+        self.pack_plans: dict = {}              # TensorPack.pack's layout and copies, worked out once
 
     @property
     def keep(self) -> int:
@@ -44,7 +45,7 @@ class _Packed(Transport):
         return max(KEEP, self.in_flight)
 
     def export(self, state: WeightsState, version: int, fault=None) -> Weights:
-        pack = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path)
+        pack = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path, plans=self.pack_plans)
         if fault is not None:
             fault("export")               # packed, not handed over yet
         if self.path == "host" and pack.device is not None and pack.device.type == "cuda":
@@ -74,7 +75,8 @@ class Shm(_Packed):
         self.pool = Pool()
 
     def export(self, state: WeightsState, version: int, fault=None) -> Weights:
-        pack = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path, pool=self.pool)
+        pack = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path, pool=self.pool,
+                               plans=self.pack_plans)
         if fault is not None:
             fault("export")               # packed, not handed over yet
         self._keep_pack(pack)
