@@ -482,14 +482,14 @@ def test_a_trainer_with_contiguous_parameters_exports_in_one_cast():
     model = sync.policy.model
     params = list(model.parameters())
     assert len({p.untyped_storage().data_ptr() for p in params}) == 1
-    state = sync.state()
-    pack = TensorPack.pack(state.tensors, dtype=state.dtype)
-    assert pack.refill(state.tensors, dtype=state.dtype)
-    src, dst = pack._filled[2], pack._filled[3]
-    assert len(src) == len(dst) == 1 and src[0].numel() == sum(p.numel() for p in params)
+    state, plans = sync.state(), {}
+    pack = TensorPack.pack(state.tensors, dtype=state.dtype, plans=plans)
+    assert pack.refill(state.tensors, dtype=state.dtype, plans=plans)
+    src = plans["last"].src
+    assert len(src) == 1 and src[0].numel() == sum(p.numel() for p in params)
     with torch.no_grad():
         params[3].add_(1.0)                               # what an optimizer step does: in place
-    assert pack.refill(sync.state().tensors, dtype=state.dtype)
+    assert pack.refill(sync.state().tensors, dtype=state.dtype, plans=plans) and plans["last"].src is src
     for name, t in model.state_dict().items():
         assert torch.equal(pack[name], t.to(torch.bfloat16)), name
 

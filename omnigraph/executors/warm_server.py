@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 MAX_MESSAGE = 1 << 24
 
@@ -129,6 +130,10 @@ def _exit_with(conn: socket.socket) -> None:
 
 
 def serve(path: str, spec: dict) -> None:
+    # Python 3.12 warns at every fork of a process with threads; the ones a library starts as it loads (a BLAS
+    # thread pool, jemalloc's purging thread) register fork handlers, and the ready file names them ("threads")
+    warnings.filterwarnings("ignore", message=r".*is multi-threaded, use of fork\(\) may lead to deadlocks",
+                            category=DeprecationWarning)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".tmp")
     os.rename(path + ".tmp", path)

@@ -75,20 +75,15 @@ class TensorPack(Mapping):
         ``pool``, a :class:`~omnigraph.transports.shmpool.Pool`, when given: it gets the files back when the
         pack is dropped). ``plans``: a dict the caller keeps between packs, where the layout and the copies are
         worked out once for the same mapping of the same tensors (no walk over them in Python each time)."""
-        plan = plans.get("last") if plans is not None else None
-        if plan is None or not plan.fits(tensors, dtype):
-            plan = _Plan(tensors, dtype)
-            if plans is not None:
-                plans["last"] = plan
+        plan = _plan_for(tensors, dtype, plans)
         dev = device if device is not None else (plan.src[0].device if plan.src else "cpu")
         if path == "shm":
             buffers = {dt: (pool.take if pool is not None else new_buffer)(n, dt) for dt, n in plan.sizes.items()}
         else:
             buffers = {dt: torch.empty(n, dtype=getattr(torch, dt), device=dev) for dt, n in plan.sizes.items()}
         pack = cls(buffers, plan.layout, path)
-        pack._sources = plan.sources
-        pack._copy(plan.src, [buffers[dt][off:off + _numel(shape)].view(shape) for dt, off, shape in plan.dst])
-        pack._dtype = dtype
+        pack._plan = None
+        pack._copy(plan.src, pack._targets(plan))
         if path == "shm":
             pack.files = {dt: b.og_file for dt, b in buffers.items()}
             if pool is not None:
@@ -97,31 +92,25 @@ class TensorPack(Mapping):
                 weakref.finalize(pack, unlink, list(pack.files.values()))
         return pack
 
-    def refill(self, tensors: Mapping[str, Any], *, dtype=None) -> bool:
-        """Copy ``tensors`` into this pack's buffers in place, if they are what it was packed from (the same
-        names, shapes, dtypes and tied names); False (nothing written) when they are not."""
-        sources = getattr(self, "_sources", None)
-        if sources is None or dtype != self._dtype or len(tensors) != len(self.layout):
+    def refill(self, tensors: Mapping[str, Any], *, dtype=None, plans: dict | None = None) -> bool:
+        """Copy ``tensors`` into this pack's buffers in place, if they pack into the same layout (the same names,
+        shapes, dtypes and tied names); False (nothing written) when they do not. ``plans`` as for :meth:`pack`:
+        packs refilled in turn from the same tensors share one plan."""
+        if not hasattr(self, "_plan"):
+            return False                                  # not made by pack(): an opened or received buffer
+        plan = _plan_for(tensors, dtype, plans)
+        if plan is not self._plan and plan.layout != self.layout:
             return False
-        done = getattr(self, "_filled", None)            # the same mapping of the same tensors as last time
-        if done is not None and done[0] is tensors and _unchanged(tensors, done[1]):
-            self._copy(done[2], done[3])
-            return True
-        if any(n not in self.layout for n in tensors):
-            return False
-        ptr = {n: _key(tensors[n]) for n in self.layout}
-        first = {}
-        for n, (dt, shape, off) in self.layout.items():
-            t = tensors[n]
-            want = str(dtype if dtype is not None and t.is_floating_point() else t.dtype).removeprefix("torch.")
-            if tuple(t.shape) != shape or want != dt:
-                return False
-            if t.numel() and first.setdefault((dt, off), ptr[n]) != ptr[n]:
-                return False                              # tied here, not there
-        dst, src = coalesce([self[n] for _, n, _ in sources], [tensors[n] for _, n, _ in sources])
-        self._filled = (tensors, _where(tensors, self.layout), src, dst)
-        self._copy(src, dst)
+        self._copy(plan.src, self._targets(plan))
         return True
+
+    def _targets(self, plan: "_Plan") -> list:
+        """The views of this pack's buffers that ``plan``'s copies write (made once per plan)."""
+        if self._plan is not plan:
+            self._plan = plan
+            self._views_of_plan = [self.buffers[dt][off:off + _numel(shape)].view(shape)
+                                   for dt, off, shape in plan.dst]
+        return self._views_of_plan
 
     @staticmethod
     def _copy(src: list, dst: list) -> None:
@@ -224,6 +213,16 @@ class _Plan:
 
     def fits(self, tensors: Mapping[str, Any], dtype) -> bool:
         return tensors is self.tensors and dtype == self.dtype and _unchanged(tensors, self.where)
+
+
+def _plan_for(tensors: Mapping[str, Any], dtype, plans: dict | None) -> _Plan:
+    """The kept plan when it fits ``tensors``, else a new one (kept in ``plans``)."""
+    plan = plans.get("last") if plans is not None else None
+    if plan is None or not plan.fits(tensors, dtype):
+        plan = _Plan(tensors, dtype)
+        if plans is not None:
+            plans["last"] = plan
+    return plan
 
 
 def _numel(shape: tuple[int, ...]) -> int:

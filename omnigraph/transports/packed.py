@@ -130,8 +130,9 @@ class CudaIpc(_Packed):
         self.exports += 1
         self.stamps[slot] = -1                  # being refilled: a receiver still reading it must not trust it
         pack = self.ring[slot]
-        if pack is None or not pack.refill(state.tensors, dtype=state.dtype):
-            pack = self.ring[slot] = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path)
+        if pack is None or not pack.refill(state.tensors, dtype=state.dtype, plans=self.pack_plans):
+            pack = self.ring[slot] = TensorPack.pack(state.tensors, dtype=state.dtype, path=self.path,
+                                                     plans=self.pack_plans)
         if fault is not None:
             fault("export")
         if pack.device is not None and pack.device.type == "cuda":
