@@ -96,7 +96,9 @@ def test_sharded_trainer_on_ray_learns_saves_and_survives_a_failed_rank(ray_sess
 
     from omnigraph.runtime import run
     monkeypatch.setenv("OMNIGRAPH_INJECT", "update#1@7:raise")
-    plan = og.compile(GRAPH, overrides=SHARDED + ["schedule.iterations=24", "checkpoint.every=4",
+    # 30 steps: after 24 the last four averaged 0.7996 on a Sapphire Rapids CPU, 0.8+ on the AMD EPYC the test was
+    # written on (how fast the tiny model learns depends on the CPU's kernels, nodes/models.py)
+    plan = og.compile(GRAPH, overrides=SHARDED + ["schedule.iterations=30", "checkpoint.every=4",
                                                   "runtime.max_restarts=1", "nodes.generate.eval_every=0"])
     res = run(plan, run_dir=tmp_path, executor="ray", progress=False)
     events = [json.loads(x) for x in (res.run_dir / "restarts.jsonl").read_text().splitlines()]
