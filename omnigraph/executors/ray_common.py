@@ -375,7 +375,6 @@ class RayExecutor(Executor):
             warm.stop()
 
 
-
 QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
 """The actors' libraries keep their progress bars and advice to themselves (read as they load)."""
 
