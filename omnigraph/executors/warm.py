@@ -44,13 +44,12 @@ def preload_spec(plan, model_dir) -> dict | None:
     for node in plan.graph.nodes.values():
         if node.kind == "custom":
             continue                        # a user's class: its module's import may do anything; the actor does it
-        warm = plugins.backend(node.kind, node.backend).warm
-        if warm is False:
+        backend = plugins.backend(node.kind, node.backend)
+        if backend.warm is False:
             return None
-        impl = plugins.backend(node.kind, node.backend).impl
-        modules.append(impl.partition(":")[0])
-        if isinstance(warm, str):
-            hooks.append(warm)
+        modules.append(backend.impl.partition(":")[0])
+        if isinstance(backend.warm, str):
+            hooks.append(backend.warm)
     return {"modules": list(dict.fromkeys(modules)), "hooks": list(dict.fromkeys(hooks)),
             "model_dir": str(model_dir) if model_dir else None}
 

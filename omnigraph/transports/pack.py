@@ -29,6 +29,7 @@ every pack pickle as host memory while it is active.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import weakref
@@ -108,7 +109,7 @@ class TensorPack(Mapping):
         """The views of this pack's buffers that ``plan``'s copies write (made once per plan)."""
         if self._plan is not plan:
             self._plan = plan
-            self._views_of_plan = [self.buffers[dt][off:off + _numel(shape)].view(shape)
+            self._views_of_plan = [self.buffers[dt][off:off + math.prod(shape)].view(shape)
                                    for dt, off, shape in plan.dst]
         return self._views_of_plan
 
@@ -125,10 +126,7 @@ class TensorPack(Mapping):
         v = self._views.get(name)
         if v is None:
             dt, shape, off = self.layout[name]
-            n = 1
-            for s in shape:
-                n *= s
-            v = self._views[name] = self.buffers[dt][off:off + n].view(shape)
+            v = self._views[name] = self.buffers[dt][off:off + math.prod(shape)].view(shape)
         return v
 
     def __iter__(self) -> Iterator[str]:
@@ -206,7 +204,7 @@ class _Plan:
         # destinations as placeholder views of one scratch buffer per dtype laid out as the pack's: adjacent
         # exactly where the pack's are, so coalesce joins what is adjacent on both sides
         scratch = {dt: torch.empty(n, dtype=getattr(torch, dt), device="meta") for dt, n in sizes.items()}
-        dst, self.src = coalesce([scratch[dt][off:off + _numel(layout[n][1])].view(layout[n][1])
+        dst, self.src = coalesce([scratch[dt][off:off + math.prod(layout[n][1])].view(layout[n][1])
                                   for dt, n, off in self.sources], [tensors[n] for _, n, _ in self.sources])
         self.dst = [(str(d.dtype).removeprefix("torch."), d.storage_offset(), tuple(d.shape)) for d in dst]
         self.where = _where(tensors, tensors.keys())
@@ -225,11 +223,6 @@ def _plan_for(tensors: Mapping[str, Any], dtype, plans: dict | None) -> _Plan:
     return plan
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout: bytes | dict, sender: tuple[int, int],
