@@ -28,6 +28,7 @@ from omnigraph.sdk import ConfigError, NodeContext, Weights, copy_into
 from nodes import models
 from nodes.decode import StaticDecoder, bucket
 from nodes.losses import token_logprobs
+from nodes.prefix import prefill
 from nodes.rollout import Rollout
 
 
@@ -155,7 +156,8 @@ class Generate(Rollout):
         mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows])
         budget = _Budget(self.ctx, P, budgets, deadline, final or [False] * len(rows))
         torch.manual_seed(seed)
-        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=prefill(self.model, ids, mask),
                                   do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0,
                                   max_new_tokens=max(budgets), eos_token_id=self.stops, pad_token_id=tok.pad_token_id,
                                   output_logits=True, return_dict_in_generate=True, stopping_criteria=[budget])
@@ -186,8 +188,10 @@ class Generate(Rollout):
                                            temperature=s.temperature, top_p=s.top_p, stops=self.stops,
                                            fault=lambda: self.ctx.fault("token"))
         else:
+            # the prompts' keys and values once per prompt, not once per sample (nodes.prefix)
+            cache = prefill(self.model, ids.to(self.device), mask.to(self.device))
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      do_sample=not greedy,
+                                      past_key_values=cache, do_sample=not greedy,
                                       temperature=s.temperature if not greedy else None,
                                       top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None,
                                       max_new_tokens=C, eos_token_id=self.stops,

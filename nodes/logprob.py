@@ -53,7 +53,8 @@ class Logprob:
         rows = micro(len(batch), self.options.micro_batch_size)
         if pol.sharded and self.old:     # every rank as many forwards as the longest share needs
             rows = lockstep(rows, self.ctx.collectives)
-        parts = [pol.logprobs(model, dev, s, T) for s in rows if s is not None]
+        share = self.options.share_prompts
+        parts = [pol.logprobs(model, dev, s, T, share=share) for s in rows if s is not None]
         for _ in range(len(rows) - len(parts)):
             idle_pass(model, pol.device, backward=False)
         model.train(was)

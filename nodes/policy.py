@@ -11,7 +11,7 @@ computation live on ``ctx.device`` (``cuda`` for a pool with ``gpus > 0``);
 batches arrive as host tensors, are moved there once per call, and the
 fields a node adds go back as host tensors. ``model.dtype: bfloat16`` is
 mixed precision, on CUDA and on the CPU alike: fp32 master weights and fp32
-AdamW state (fused kernel on CUDA), forward and backward under bf16
+AdamW state (the fused kernel), forward and backward under bf16
 autocast, and ``sync`` exports the weights cast to bf16 (what the rollout
 holds): AdamW steps of lr ~1e-6 on bf16 weights would mostly round away. On
 a CPU with AMX or AVX512-BF16 the update runs ~1.8x faster than fp32
@@ -32,6 +32,7 @@ from omnigraph.sdk import NodeContext, SampleBatch
 
 from nodes import models, sharded
 from nodes.losses import entropy, token_logprobs
+from nodes.prefix import completion_logits
 
 
 def _native_bf16() -> bool:
@@ -80,7 +81,9 @@ class Policy:
 
     def _optimizer(self):
         params = [p for p in self.model.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, fused=self.device.type == "cuda")
+        # the fused kernel (one pass over each tensor) on CUDA, and on the CPU where the model is not sharded
+        fused = self.device.type == "cuda" or not self.sharded
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, fused=fused)
 
     def prepare(self, collectives) -> None:
         """On a sharded pool (``sharding: fsdp``): shard the model over the pool's mesh, once, when its
@@ -118,7 +121,8 @@ class Policy:
         return batch.with_fields(**{k: to_device(v, self.device) for k, v in batch.fields.items()
                                     if isinstance(v, torch.Tensor)})
 
-    def logprobs(self, model, batch: SampleBatch, rows: slice, temperature: float, with_entropy: bool = False):
+    def logprobs(self, model, batch: SampleBatch, rows: slice, temperature: float, with_entropy: bool = False,
+                 share: bool = True):
         """Per-token logprobs ``[b, C]`` of the completion tokens of ``rows`` (``batch`` on the device)."""
         f = batch.fields
         P = batch.meta["prompt_len"]
@@ -128,11 +132,10 @@ class Policy:
         c = max(1, int(f["attention_mask"][rows, P:].sum(1).max()))
         ids, mask = f["input_ids"][rows, :P + c], f["attention_mask"][rows, :P + c]
         with self.amp():
-            # the output head only where a completion token is predicted (positions P-1 .. P+c-2), not
-            # over the prompt: the head of a 49k-token vocabulary is a fifth of a small model's compute
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                           logits_to_keep=c + 1).logits
-        logits = logits[:, :-1]
+            # one forward of each distinct prompt of a group (nodes.prefix); the output head only where a
+            # completion token is predicted (positions P-1 .. P+c-2), not over the prompt
+            # (not on a sharded model: its forward is a collective, and every rank must run as many)
+            logits = completion_logits(model, ids, mask, position_ids(mask), P, share=share and not self.sharded)
         pad = (0, C - c)
         lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature), pad)
         if not with_entropy:

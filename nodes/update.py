@@ -74,7 +74,7 @@ class Update:
                     idle_pass(model, pol.device, backward=True)
                     continue
                 rows = slice(mini.start + part.start, mini.start + part.stop)
-                lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True)
+                lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True, share=s.share_prompts)
                 proximal = lp.detach() * mask[rows] if fused else old[rows]
                 if fused:
                     diff = float(((proximal - behav[rows]).abs() * mask[rows]).max())

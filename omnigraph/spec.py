@@ -231,6 +231,9 @@ class RewardNode(NodeBase):
 class LogprobNode(NodeBase):
     backend: Backend = "torch"
     micro_batch_size: int = Field(16, ge=1, le=65_536)
+    share_prompts: bool = True
+    """Run each distinct prompt of a batch through the model once and reuse its keys and values for every
+    completion of it (a GRPO group): the same logprobs and gradients, less compute (``nodes.prefix``)."""
 
 
 class OldLogprobNode(LogprobNode):
@@ -258,6 +261,9 @@ class UpdateNode(NodeBase):
     """Samples per optimizer step (default: the whole batch, one step per update)."""
     micro_batch_size: int = Field(16, ge=1, le=65_536)
     max_grad_norm: float = Field(1.0, gt=0)
+    share_prompts: bool = True
+    """Run each distinct prompt of a batch through the model once and reuse its keys and values for every
+    completion of it (a GRPO group): the same logprobs and gradients, less compute (``nodes.prefix``)."""
     is_cap: float = Field(2.0, ge=1, le=1000)
     """Truncation of the behaviour->proximal importance weight (decoupled PPO)."""
     weight_decay: float = Field(0.0, ge=0, le=1)

@@ -1,0 +1,87 @@
+"""Scoring a GRPO group with one forward of its prompt.
+
+A GRPO batch holds ``samples_per_prompt`` completions of each prompt. Scored row by
+row, the trainer runs each prompt's tokens through the model once per sample. Here
+each distinct prompt (its tokens and its left padding) runs once, its keys and values
+are copied to the rows that share it, and only the completions run row by row.
+Gradients flow back through the copied keys and values into the prompt's forward, so
+the logprobs and the gradients are the plain forward's, up to float rounding
+(``tests/test_prefix.py``). The saving is the prompt's share of the tokens, times
+``1 - 1/samples_per_prompt``.
+
+>>> import torch
+>>> ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6]])
+>>> first, inverse = groups(ids, torch.ones_like(ids))
+>>> first.tolist(), inverse.tolist()
+([0, 2], [0, 0, 1, 0])
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first, inverse)``: the first row of each distinct prompt, and each row's prompt (an index into
+    ``first``); ``None`` when fewer than half the rows repeat a prompt (sharing would save too little)."""
+    n = prompt_ids.shape[0]
+    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1)
+    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    if 2 * len(distinct) > n:
+        return None
+    first = torch.full((len(distinct),), n, dtype=torch.long, device=inverse.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(n, device=inverse.device), "amin")
+    order = torch.argsort(first)              # prompts in the order they first appear
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=order.device)
+    return first[order], rank[inverse]
+
+
+def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
+                      share: bool = True) -> torch.Tensor:
+    """Logits ``[b, c, V]`` predicting ``ids[:, P:]`` (``c = ids.shape[1] - P`` completion tokens), from the
+    positions ``P - 1 .. P + c - 2``: one forward of each distinct prompt when the rows share prompts (and
+    ``share``), else one forward of the whole rows. The output head runs only where a completion token is
+    predicted: the head of a large vocabulary is a good part of a small model's compute."""
+    P = prompt_len
+    c = ids.shape[1] - P
+    found = groups(ids[:, :P], mask[:, :P]) if share and P > 0 else None
+    if found is None:
+        out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],
+                    logits_to_keep=c)
+        return out.logits
+    from transformers import DynamicCache
+
+    first, inverse = found
+    cache = DynamicCache(config=getattr(model, "config", None))
+    head = model(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=position_ids[first, :P],
+                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+    first_logits = head.logits[inverse]           # [b, 1, V]: each row's first completion token
+    if c == 1:
+        return first_logits
+    cache = head.past_key_values
+    cache.batch_select_indices(inverse)           # each row's copy of its prompt's keys and values
+    rest = model(input_ids=ids[:, P:-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, P:-1],
+                 past_key_values=cache, use_cache=True, logits_to_keep=c - 1)
+    return torch.cat([first_logits, rest.logits], 1)
+
+
+
+def prefill(model, ids: torch.Tensor, mask: torch.Tensor):
+    """For ``generate``: a KV cache of every token but the last of the rows ``ids`` (left padded), computed
+    once per distinct row and copied to the rows that repeat it; ``None`` when fewer than half the rows repeat
+    one. Given it, ``generate`` runs only the last token of each row and then decodes, instead of a GRPO
+    group's prompt once per sample."""
+    found = groups(ids, mask) if ids.shape[1] > 1 else None
+    if found is None:
+        return None
+    from transformers import DynamicCache
+
+    first, inverse = found
+    cache = DynamicCache(config=getattr(model, "config", None))
+    ids, mask = ids[first, :-1], mask[first, :-1]
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+          logits_to_keep=1)
+    cache.batch_select_indices(inverse)
+    return cache

@@ -1,0 +1,133 @@
+"""One forward per distinct prompt (nodes.prefix): the same logprobs and gradients as the plain forward."""
+
+import pytest
+import torch
+
+import omnigraph as og
+from omnigraph.sdk import Weights
+from omnigraph.spec import LoraSpec
+from omnigraph.testing import build_node, prompts
+
+from conftest import GRAPHS
+from nodes import models
+from nodes.policy import position_ids
+from nodes.prefix import completion_logits, groups
+
+
+def test_groups_find_each_rows_prompt_in_first_seen_order():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        k, n = int(torch.randint(1, 6, (1,), generator=g)), int(torch.randint(2, 6, (1,), generator=g))
+        base = torch.randint(0, 3, (k, 4), generator=g)
+        order = torch.randperm(k * n, generator=g)
+        ids = base.repeat_interleave(n, 0)[order]
+        mask = torch.ones_like(ids)
+        found = groups(ids, mask)
+        if found is None:                       # randint made equal prompts... only when k distinct rows > half
+            assert 2 * len(torch.unique(ids, dim=0)) > len(ids)
+            continue
+        first, inverse = found
+        assert torch.equal(ids[first][inverse], ids)                     # each row's prompt
+        assert first.tolist() == sorted(first.tolist())                  # in the order they first appear
+        assert all(int(first[inverse[i]]) <= i for i in range(len(ids)))
+
+
+def test_groups_tell_padding_apart_and_decline_distinct_prompts():
+    ids = torch.tensor([[0, 5], [0, 5], [0, 5], [0, 5]])
+    mask = torch.tensor([[0, 1], [0, 1], [1, 1], [1, 1]])   # the same tokens, padded differently
+    first, inverse = groups(ids, mask)
+    assert first.tolist() == [0, 2] and inverse.tolist() == [0, 0, 1, 1]
+    assert groups(torch.arange(8).view(4, 2), torch.ones(4, 2)) is None
+
+
+def _batch(tok, samples: int, seed: int = 0):
+    """Prompts of several lengths (left padded), ``samples`` completions of each of varied lengths (right
+    padded), the rows shuffled: what a GRPO batch looks like, in any order."""
+    g = torch.Generator().manual_seed(seed)
+    texts = ["copy 4071:", "copy 12:", "copy 987654:", "add 3+4="]
+    enc = [tok(tok.bos_token + t, add_special_tokens=False)["input_ids"] for t in texts]
+    P, C = max(map(len, enc)), 7
+    rows, masks = [], []
+    for p in enc:
+        for _ in range(samples):
+            n = int(torch.randint(1, C + 1, (1,), generator=g))
+            comp = torch.randint(4, 40, (n,), generator=g).tolist()
+            rows.append([tok.pad_token_id] * (P - len(p)) + p + comp + [tok.pad_token_id] * (C - n))
+            masks.append([0] * (P - len(p)) + [1] * (len(p) + n) + [0] * (C - n))
+    order = torch.randperm(len(rows), generator=g)
+    return torch.tensor(rows)[order], torch.tensor(masks)[order], P
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prompt_forward_gives_the_plain_logits_and_gradients(lora):
+    model, tok = models.load(models.tiny(0), "float32", "cpu")
+    if lora:
+        model = models.with_lora(model, LoraSpec(r=4, alpha=8))
+    model.train()
+    ids, mask, P = _batch(tok, samples=4)
+    pos = position_ids(mask)
+    seen = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run(share):
+        seen.clear()
+        logits = completion_logits(model, ids, mask, pos, P, share=share)
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+        loss = (lp * mask[:, P:]).sum() / mask[:, P:].sum()
+        grads = torch.autograd.grad(loss, params)
+        return logits.detach(), grads, list(seen)
+
+    plain, g_plain, calls_plain = run(False)
+    shared, g_shared, calls_shared = run(True)
+    hook.remove()
+    C = ids.shape[1] - P
+    assert calls_plain == [(16, P + C - 1)]                       # every row, whole
+    assert calls_shared == [(4, P), (16, C - 1)]                  # each prompt once, then the completions
+    assert torch.allclose(plain, shared, atol=1e-4), (plain - shared).abs().max()
+    for a, b in zip(g_plain, g_shared):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
+
+
+def test_update_trains_the_same_weights_with_and_without_sharing():
+    finals = []
+    for share in ("true", "false"):
+        spec = og.load(GRAPHS / "grpo_sync.yaml", [f"nodes.update.share_prompts={share}"])
+        shared = {}
+        upd, _ = build_node(spec, "update", shared=shared)
+        gen, _ = build_node(spec, "generate")
+        torch.manual_seed(0)
+        batch = gen.generate(0, prompts(spec, 0), Weights(version=0))
+        batch = build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, batch)
+        adv = torch.randn(len(batch), generator=torch.Generator().manual_seed(1)).tolist()
+        rows = []
+        embed = upd.policy.model.get_input_embeddings()
+        hook = embed.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
+        upd.train(0, batch.with_fields(advantage=adv))
+        hook.remove()
+        per_prompt = spec.task.samples_per_prompt
+        micro = spec.nodes["update"].micro_batch_size
+        assert (micro // per_prompt in rows) == (share == "true"), rows     # each prompt once: sharing ran
+        finals.append({k: v.clone() for k, v in upd.policy.model.state_dict().items()})
+    for k in finals[0]:
+        assert torch.allclose(finals[0][k], finals[1][k], atol=1e-5), k
+
+
+def test_rollout_prefills_each_prompt_once_and_samples_the_same_tokens(monkeypatch):
+    import nodes.hf
+    spec = og.load(GRAPHS / "grpo_sync.yaml")
+    gen, _ = build_node(spec, "generate")
+    embed = gen.model.get_input_embeddings()
+    outs, rows = [], []
+    hook = embed.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
+    for share in (True, False):
+        if not share:
+            monkeypatch.setattr(nodes.hf, "prefill", lambda *a, **k: None)
+        rows.clear()
+        outs.append(gen.generate(0, prompts(spec, 0), Weights(version=0)))
+        first = rows[0]
+        assert first == (spec.task.prompts if share else spec.task.prompts * spec.task.samples_per_prompt)
+    hook.remove()
+    a, b = outs
+    assert torch.equal(a.fields["input_ids"], b.fields["input_ids"])
+    assert torch.allclose(a.fields["logprob"], b.fields["logprob"], atol=1e-4)
