@@ -45,6 +45,11 @@ What differs (the work per step is the same algorithm, not the same code):
   forward (``nodes.logprob.Logprob.fusable``): no second forward, as TRL with
   ``num_iterations=1`` (its old logprobs are the detached current ones). The JSON's
   ``*_old_logprob_fused`` says whether each run did fuse (from its metrics).
+- Prompts: a group's 8 samples share their prompt. omnigraph runs each distinct prompt through the
+  model once, in the rollout's prefill and in the trainer's forward (``nodes.prefix``; the trainer's
+  gradients flow back through the shared keys and values: the same logprobs and gradients, to float
+  rounding); TRL runs the prompt once per sample. ``nodes.update.share_prompts=false`` turns it off in
+  the trainer.
 - Generation: both call transformers ``generate``; omnigraph also asks it for the logits
   and keeps the sampling logprobs (the behaviour policy of its decoupled PPO loss), TRL
   does not.
