@@ -50,6 +50,9 @@ What differs (the work per step is the same algorithm, not the same code):
   gradients flow back through the shared keys and values: the same logprobs and gradients, to float
   rounding); TRL runs the prompt once per sample. ``nodes.update.share_prompts=false`` turns it off in
   the trainer.
+- Padding: where a few completions are much longer than the rest, omnigraph's trainer scores the short
+  and the long ones in forwards of their own (``nodes.buckets``: one token-mean loss, the same
+  gradients), TRL pads every completion to the longest.
 - Generation: both call transformers ``generate``; omnigraph also asks it for the logits
   and keeps the sampling logprobs (the behaviour policy of its decoupled PPO loss), TRL
   does not.

@@ -31,6 +31,7 @@ import torch
 from omnigraph.sdk import NodeContext, SampleBatch
 
 from nodes import models, sharded
+from nodes.buckets import length_buckets
 from nodes.losses import entropy, token_logprobs
 from nodes.prefix import completion_logits
 
@@ -122,20 +123,41 @@ class Policy:
                                     if isinstance(v, torch.Tensor)})
 
     def logprobs(self, model, batch: SampleBatch, rows: slice, temperature: float, with_entropy: bool = False,
-                 share: bool = True):
-        """Per-token logprobs ``[b, C]`` of the completion tokens of ``rows`` (``batch`` on the device)."""
+                 share: bool = True, split: bool = True):
+        """Per-token logprobs ``[b, C]`` of the completion tokens of ``rows`` (``batch`` on the device), and
+        with ``with_entropy`` the entropies. ``share``: each distinct prompt runs once (:mod:`nodes.prefix`);
+        ``split``: short and long completions in forwards of their own where that saves padding
+        (:mod:`nodes.buckets`). Neither on a sharded model: its forward is a collective, and every rank
+        must run as many."""
         f = batch.fields
         P = batch.meta["prompt_len"]
-        C = f["input_ids"].shape[1] - P
-        # only as many completion columns as the longest completion of these rows: padding costs compute
-        # (the attention mask: a multi-turn episode's environment tokens count, though they are not trained)
-        c = max(1, int(f["attention_mask"][rows, P:].sum(1).max()))
-        ids, mask = f["input_ids"][rows, :P + c], f["attention_mask"][rows, :P + c]
+        share, split = share and not self.sharded, split and not self.sharded
+        # a row's completion tokens (the attention mask: a multi-turn episode's environment tokens count,
+        # though they are not trained)
+        lengths = f["attention_mask"][rows, P:].sum(1)
+        ids, mask = f["input_ids"][rows], f["attention_mask"][rows]
+        parts = None
+        if split:
+            prompts = len(torch.unique(ids[:, :P], dim=0)) if share and P else len(ids)
+            parts = length_buckets(lengths, overhead=64 + (P * prompts if share else 0))
+        if parts is None:
+            return self._score(model, ids, mask, lengths, P, temperature, with_entropy, share)
+        outs = [self._score(model, ids[i], mask[i], lengths[i], P, temperature, with_entropy, share) for i in parts]
+        back = torch.argsort(torch.cat(parts))           # each row back in its place
+        if not with_entropy:
+            return torch.cat(outs)[back]
+        return torch.cat([o[0] for o in outs])[back], torch.cat([o[1] for o in outs])[back]
+
+    def _score(self, model, ids, mask, lengths, P: int, temperature: float, with_entropy: bool, share: bool):
+        """One forward of these rows, over as many completion columns as the longest completion among them
+        (padding costs compute), padded back to the batch's ``C`` columns."""
+        C = ids.shape[1] - P
+        c = max(1, int(lengths.max()))
+        ids, mask = ids[:, :P + c], mask[:, :P + c]
         with self.amp():
             # one forward of each distinct prompt of a group (nodes.prefix); the output head only where a
             # completion token is predicted (positions P-1 .. P+c-2), not over the prompt
-            # (not on a sharded model: its forward is a collective, and every rank must run as many)
-            logits = completion_logits(model, ids, mask, position_ids(mask), P, share=share and not self.sharded)
+            logits = completion_logits(model, ids, mask, position_ids(mask), P, share=share)
         pad = (0, C - c)
         lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature), pad)
         if not with_entropy:

@@ -131,3 +131,40 @@ def test_rollout_prefills_each_prompt_once_and_samples_the_same_tokens(monkeypat
     a, b = outs
     assert torch.equal(a.fields["input_ids"], b.fields["input_ids"])
     assert torch.allclose(a.fields["logprob"], b.fields["logprob"], atol=1e-4)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_short_and_long_completions_split_into_two_forwards_with_the_same_gradients(share):
+    from omnigraph.sdk import SampleBatch
+    spec = og.load(GRAPHS / "grpo_sync.yaml")
+    pol = build_node(spec, "update", shared={})[0].policy
+    _, tok = models.load(models.tiny(0), "float32", "cpu")
+    ids, mask, P = _batch(tok, samples=16, seed=3)
+    C = ids.shape[1] - P
+    mask[:, P + 2:] = 0                              # every completion 2 tokens or fewer...
+    mask[5, P:] = 1                                  # ...but one, of all C: the padding to split off
+    n = len(ids)
+    batch = SampleBatch(0, list(range(n)), [0] * n, [0] * n, fields={"input_ids": ids, "attention_mask": mask},
+                        meta={"prompt_len": P})
+    params = [p for p in pol.model.parameters()]
+    calls = []
+    hook = pol.model.get_input_embeddings().register_forward_hook(lambda m, i, o: calls.append(tuple(i[0].shape)))
+
+    def run(split):
+        calls.clear()
+        lp, ent = pol.logprobs(pol.model, batch, slice(0, n), 1.0, with_entropy=True, share=share, split=split)
+        loss = (lp * mask[:, P:]).sum() / mask[:, P:].sum()
+        return lp.detach(), ent, torch.autograd.grad(loss, params), list(calls)
+
+    lp1, ent1, g1, calls1 = run(False)
+    lp2, ent2, g2, calls2 = run(True)
+    hook.remove()
+    assert lp1.shape == lp2.shape == (n, C)
+    # the 63 short rows without padding (their prompts once each, when shared), the long one on its own
+    short = [(4, P), (n - 1, 1)] if share else [(n - 1, P + 1)]
+    assert sorted(calls2) == sorted(short + [(1, P + C - 1)]), calls2
+    assert len(calls1) == (2 if share else 1)
+    m = mask[:, P:]                                  # beyond a completion's end: padding, never read
+    assert torch.allclose(lp1 * m, lp2 * m, atol=1e-4) and torch.allclose(ent1 * m, ent2 * m, atol=1e-4)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
