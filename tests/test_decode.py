@@ -119,3 +119,34 @@ class TestTheOption:
         with pytest.raises(GraphError, match=r"nodes\.generate\.decode: decode is a backend hf option"):
             og.compile(GRAPHS / "grpo_one_step_off.yaml",
                        overrides=["nodes.generate.backend=synthetic", "nodes.generate.decode=eager"])
+
+
+class TestGroupedQueryAttention:
+    def test_a_decode_step_gives_sdpas_logits_without_copying_the_key_value_heads(self, monkeypatch):
+        """One new token per row over a left-padded cache: the same logits as sdpa's (which copies each key/value
+        head for its query heads), through the folded path; a prompt of several tokens goes to sdpa unchanged."""
+        from transformers import DynamicCache
+        from nodes.policy import position_ids
+        model, rows = small_model(), rows_of([5, 9, 3])
+        P = 9
+        ids = torch.tensor([[0] * (P - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows])
+        nxt, full = torch.tensor([[11], [12], [13]]), torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], 1)
+
+        def logits():
+            cache = DynamicCache(config=model.config)
+            first = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache)
+            step = model(input_ids=nxt, attention_mask=full, position_ids=position_ids(full)[:, -1:],
+                         past_key_values=first.past_key_values)
+            return first.logits, step.logits
+
+        plain = logits()
+        folded = []
+        real = torch.nn.functional.scaled_dot_product_attention
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda q, k, v, **kw: folded.append((q.shape, k.shape)) or real(q, k, v, **kw))
+        assert D.use_gqa(model) and model.config._attn_implementation == D.GQA
+        gqa = logits()
+        assert torch.allclose(plain[0], gqa[0], atol=1e-5) and torch.allclose(plain[1], gqa[1], atol=1e-5)
+        # 2 layers: the prompt through sdpa (key/value heads copied: 4 of them), the step folded (2 heads x 2 rows)
+        assert folded == [((3, 4, P, 16), (3, 4, P, 16))] * 2 + [((3, 2, 2, 16), (3, 2, P + 1, 16))] * 2
