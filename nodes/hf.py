@@ -188,10 +188,10 @@ class Generate(Rollout):
                                            temperature=s.temperature, top_p=s.top_p, stops=self.stops,
                                            fault=lambda: self.ctx.fault("token"))
         else:
+            on_ids, on_mask = ids.to(self.device), mask.to(self.device)
             # the prompts' keys and values once per prompt, not once per sample (nodes.prefix)
-            cache = prefill(self.model, ids.to(self.device), mask.to(self.device))
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      past_key_values=cache, do_sample=not greedy,
+            out = self.model.generate(input_ids=on_ids, attention_mask=on_mask,
+                                      past_key_values=prefill(self.model, on_ids, on_mask), do_sample=not greedy,
                                       temperature=s.temperature if not greedy else None,
                                       top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None,
                                       max_new_tokens=C, eos_token_id=self.stops,

@@ -33,7 +33,7 @@ from omnigraph.sdk import NodeContext, SampleBatch
 from nodes import models, sharded
 from nodes.buckets import length_buckets
 from nodes.losses import entropy, token_logprobs
-from nodes.prefix import completion_logits
+from nodes.prefix import completion_logits, position_ids
 
 
 def _native_bf16() -> bool:
@@ -41,12 +41,6 @@ def _native_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except Exception:  # noqa: BLE001 - an older build: assume not
         return False
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding (what ``generate`` uses), so trainer and rollout agree."""
-    pos = attention_mask.long().cumsum(-1) - 1
-    return pos.clamp(min=0)
 
 
 def to_device(value, device):

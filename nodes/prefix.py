@@ -21,6 +21,12 @@ from __future__ import annotations
 import torch
 
 
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding (what ``generate`` uses), so trainer and rollout agree."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.clamp(min=0)
+
+
 def groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(first, inverse)``: the first row of each distinct prompt, and each row's prompt (an index into
     ``first``); ``None`` when fewer than half the rows repeat a prompt (sharing would save too little)."""
@@ -66,7 +72,6 @@ def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids
     return torch.cat([first_logits, rest.logits], 1)
 
 
-
 def prefill(model, ids: torch.Tensor, mask: torch.Tensor):
     """For ``generate``: a KV cache of every token but the last of the rows ``ids`` (left padded), computed
     once per distinct row and copied to the rows that repeat it; ``None`` when fewer than half the rows repeat
@@ -80,8 +85,7 @@ def prefill(model, ids: torch.Tensor, mask: torch.Tensor):
     first, inverse = found
     cache = DynamicCache(config=getattr(model, "config", None))
     ids, mask = ids[first, :-1], mask[first, :-1]
-    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+    model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache, use_cache=True,
           logits_to_keep=1)
     cache.batch_select_indices(inverse)
     return cache

@@ -126,7 +126,7 @@ class TestGroupedQueryAttention:
         """One new token per row over a left-padded cache: the same logits as sdpa's (which copies each key/value
         head for its query heads), through the folded path; a prompt of several tokens goes to sdpa unchanged."""
         from transformers import DynamicCache
-        from nodes.policy import position_ids
+        from nodes.prefix import position_ids
         model, rows = small_model(), rows_of([5, 9, 3])
         P = 9
         ids = torch.tensor([[0] * (P - len(r)) + r for r in rows])

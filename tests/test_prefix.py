@@ -10,7 +10,7 @@ from omnigraph.testing import build_node, prompts
 
 from conftest import GRAPHS
 from nodes import models
-from nodes.policy import position_ids
+from nodes.prefix import position_ids
 from nodes.prefix import completion_logits, groups
 
 
