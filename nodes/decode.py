@@ -26,7 +26,9 @@ transformers' ``sdpa`` attention copies each key/value head once per query head 
 whole static cache, at every token. In an H100 profile of Qwen2.5-0.5B's shape (128 rows) that copy and the
 attention over the copies took about 2 of the step's 3.4 ms. So the decoder gives the model
 :func:`gqa_attention`: for one new token per row, the query heads that share a key/value head go in as that
-many query rows of one attention over the cache as it is; the same result, the cache read once.
+many query rows of one attention over the cache as it is; the same result, the cache read once. The ``hf``
+rollout gives it to its model on the CPU too, where ``generate``'s decode steps gained about 8% with it
+(SmolLM2-135M, bf16: a probe, not a record).
 
 >>> bucket(5), bucket(32), bucket(33), bucket(100)
 (32, 32, 64, 128)
@@ -97,6 +99,8 @@ def use_gqa(model) -> bool:
     transformers under :data:`GQA`, with sdpa's masks); True when it did."""
     cfg = getattr(model, "config", None)
     heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
+    if getattr(cfg, "_attn_implementation", None) == GQA:
+        return True
     if getattr(cfg, "_attn_implementation", None) != "sdpa" or not heads or not kv or heads == kv:
         return False
     from transformers import AttentionInterface

@@ -10,7 +10,9 @@ multi-tensor copy (:func:`omnigraph.sdk.copy_into`).
 On CUDA (``decode: auto`` or ``static``) :meth:`Generate.sample` decodes through a static KV cache and a
 compiled decode step, compiled once when the node is built (:mod:`nodes.decode`); on the CPU (or ``decode:
 eager``) through transformers' ``generate``. Partial rollouts (:meth:`Generate.continue_rows`) always decode
-eagerly: their rows and budgets change every firing.
+eagerly: their rows and budgets change every firing. Either way the prompts shared by a group's samples are
+prefilled once (:func:`nodes.prefix.prefill`), and a model with grouped key/value heads attends in its decode
+steps without copying them (:func:`nodes.decode.use_gqa`).
 
 The token loop is a fault point (``ctx.fault("token")``, once per generated
 token): tests inject failures in the middle of generation there.
@@ -26,7 +28,7 @@ from transformers import StoppingCriteria
 from omnigraph.sdk import ConfigError, NodeContext, Weights, copy_into
 
 from nodes import models
-from nodes.decode import StaticDecoder, bucket
+from nodes.decode import StaticDecoder, bucket, use_gqa
 from nodes.losses import token_logprobs
 from nodes.prefix import prefill
 from nodes.rollout import Rollout
@@ -73,6 +75,7 @@ class Generate(Rollout):
         self.device = ctx.device          # cuda for a pool with gpus > 0; outputs are host tensors
         self.model, self.tok = models.load(ctx.model.dir, self.options.dtype or ctx.model.dtype, self.device)
         self.model.eval()
+        use_gqa(self.model)                        # decode steps read the key/value heads once (nodes.decode)
         self.lora = ctx.policy.lora
         if self.lora is not None:
             self.model = models.with_lora(self.model, self.lora)
