@@ -139,7 +139,7 @@ class StaticDecoder:
     def __init__(self, model, batch: int, max_new_tokens: int, pad_id: int, *, compiled: bool = True):
         self.model, self.B, self.C, self.pad = model, batch, max_new_tokens, pad_id
         self.device = next(model.parameters()).device
-        self.gqa = use_gqa(model)
+        use_gqa(model)                                  # decode steps read the key/value heads once
         self.step = torch.compile(_step, mode="reduce-overhead", dynamic=False) if compiled else _step
         self.cache, self.L = None, 0
         self.compiles: list[tuple[int, float]] = []      # (cache length, seconds) of each compile

@@ -228,12 +228,16 @@ class RewardNode(NodeBase):
         return data
 
 
-class LogprobNode(NodeBase):
-    backend: Backend = "torch"
-    micro_batch_size: int = Field(16, ge=1, le=65_536)
+class TrainerForward(NodeBase):
+    """The trainer's nodes that run the policy over a batch (``update``, ``old_logprob``, ``ref_logprob``)."""
     share_prompts: bool = True
     """Run each distinct prompt of a batch through the model once and reuse its keys and values for every
     completion of it (a GRPO group): the same logprobs and gradients, less compute (``nodes.prefix``)."""
+
+
+class LogprobNode(TrainerForward):
+    backend: Backend = "torch"
+    micro_batch_size: int = Field(16, ge=1, le=65_536)
 
 
 class OldLogprobNode(LogprobNode):
@@ -251,7 +255,7 @@ class LoraSpec(Strict):
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-class UpdateNode(NodeBase):
+class UpdateNode(TrainerForward):
     kind: Literal["update"]
     backend: Backend = "torch"
     lr: float = Field(1e-3, gt=0, le=10)
@@ -261,9 +265,6 @@ class UpdateNode(NodeBase):
     """Samples per optimizer step (default: the whole batch, one step per update)."""
     micro_batch_size: int = Field(16, ge=1, le=65_536)
     max_grad_norm: float = Field(1.0, gt=0)
-    share_prompts: bool = True
-    """Run each distinct prompt of a batch through the model once and reuse its keys and values for every
-    completion of it (a GRPO group): the same logprobs and gradients, less compute (``nodes.prefix``)."""
     is_cap: float = Field(2.0, ge=1, le=1000)
     """Truncation of the behaviour->proximal importance weight (decoupled PPO)."""
     weight_decay: float = Field(0.0, ge=0, le=1)
