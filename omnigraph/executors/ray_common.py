@@ -261,11 +261,41 @@ class RayExecutor(Executor):
 
     def _control(self, refs: list) -> list:
         """The results of control calls (snapshot, restore, finish) on every actor; an actor or its node lost meanwhile
-        is a NodeFailure (the supervisor restarts from the last checkpoint), not Ray's error."""
+        is a NodeFailure (the supervisor restarts from the last checkpoint), not Ray's error.
+
+        It waits a second at a time and asks the cluster between waits whether an actor's node is gone: a call
+        in flight when a node died did not always fail (Ray went on to recover its result), and a call to a live
+        actor may wait on the one that was lost; either way the run would hang for ``START_TIMEOUT_S``."""
+        waiting, deadline = list(refs), time.monotonic() + START_TIMEOUT_S
+        while waiting:
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=1.0)
+            if not waiting:
+                break
+            gone = self.dead_nodes()
+            if gone:
+                name, why = next(iter(gone.items()))
+                self.hang_seen = True
+                raise NodeFailure(name, -1, f"actor {name} is gone: {why}")
+            if time.monotonic() > deadline:
+                self.hang_seen = True
+                raise NodeFailure("(control)", -1, f"the actors did not answer a snapshot, restore or finish within "
+                                                   f"{START_TIMEOUT_S:.0f} s")
         try:
             return ray.get(refs, timeout=START_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
             raise self.lost(-1, frozenset(), e) from None
+
+    def dead_nodes(self) -> dict[str, str]:
+        """Our actors whose node the cluster has marked dead: actor name -> what happened."""
+        where = {name: i.get("node_id") for name, i in getattr(self, "info", {}).items()}
+        if not where:
+            return {}
+        try:
+            alive = {n["NodeID"]: n.get("Alive", False) for n in ray.nodes()}
+        except Exception:  # noqa: BLE001 - the cluster's control store is unreachable: the caller's own wait decides
+            return {}
+        return {name: f"its node {node[:8]} died" for name, node in where.items()
+                if node and not alive.get(node, False)}
 
     def placement(self) -> dict[str, dict[str, Any]]:
         """Where each actor runs: its node's id and labels, and its process."""
@@ -308,6 +338,10 @@ class RayExecutor(Executor):
             try:
                 ray.get(a.status.options(concurrency_group="control").remote(), timeout=5)
             except ray.exceptions.GetTimeoutError:
+                if name in self.dead_nodes():   # no answer, and the cluster has given up on its node
+                    node, step = self._last_op(name, step, fired)
+                    self.hang_seen = True
+                    raise NodeFailure(node, step, f"actor {name} is gone: {self.dead_nodes()[name]}") from None
                 continue                        # alive, busy
             except ray.exceptions.RayError:
                 node, step = self._last_op(name, step, fired)
