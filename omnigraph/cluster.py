@@ -87,8 +87,10 @@ class LocalCluster:
                 f"while sum(x['Alive'] for x in ray.nodes()) != {n}:\n"
                 "    if time.monotonic() > deadline: sys.exit(3)\n"
                 "    time.sleep(0.25)\n")
-        done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True,
-                              timeout=timeout_s + 60)
+        # the cluster's folder on its command line makes it one of the cluster's processes: stop() ends it too
+        # (left behind by a stopped cluster, its Ray client spun at 100% of a core until its deadline)
+        done = subprocess.run([sys.executable, "-c", code, str(self.root)], env=self.env, capture_output=True,
+                              text=True, timeout=timeout_s + 60)
         if done.returncode != 0:
             raise RuntimeError(f"the local cluster did not reach {n} live nodes within {timeout_s:.0f} s"
                                + (f": {done.stderr[-1500:]}" if done.returncode != 3 else ""))

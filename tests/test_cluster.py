@@ -47,9 +47,11 @@ def test_two_node_cluster_places_pools_by_label_and_survives_losing_a_node(tmp_p
                 time.sleep(0.2)
             lost["killed"] = c.kill_node("b")
             c.add_node("b", cpus=1)
-        threading.Thread(target=lose_b, daemon=True).start()
+        losing = threading.Thread(target=lose_b, daemon=True)
+        losing.start()
         res = _run(c, tmp_path / "loss", "schedule.iterations=80", "checkpoint.every=4", "runtime.max_restarts=2",
                    "runtime.node_wait_s=120")
+        losing.join(timeout=150)            # the replacement counted alive (the lost node marked dead) before going on
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         (run_dir,) = (tmp_path / "loss").iterdir()
         assert lost["killed"] >= 2                               # the raylet and the rollout actor at least
@@ -121,6 +123,29 @@ def test_a_control_call_left_waiting_by_a_lost_node_ends_in_a_node_failure(monke
             assert e.value.node == "rollout.0" and "died" in str(e.value), str(e.value)
         finally:
             ray.shutdown()
+        # a wait for a node that never comes (add_node's) is the cluster's too: stopping it ends that wait's process
+        ended = []
+
+        def wait_for_a_third():
+            try:
+                c.wait_alive(3, 120.0)
+            except RuntimeError as err:
+                ended.append(err)
+        waiting = threading.Thread(target=wait_for_a_third, daemon=True)
+        waiting.start()
+        time.sleep(3)
+    waiting.join(timeout=20)
+    assert ended and "did not reach 3 live nodes" in str(ended[0])
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid, c.address, str(c.root))]
+    assert not left, f"processes of the stopped cluster still run: {left}"
+
+
+def _cmdline(pid: str, *needles: str) -> bool:
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(n in cmd for n in needles)
 
 
 def test_the_weights_path_fits_the_executor_on_a_cluster(tmp_path):
