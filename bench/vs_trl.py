@@ -111,9 +111,9 @@ def tail_mean(xs, n=LAST):
 
 
 def cores(n: int) -> list[int]:
-    """The ``n`` cores omnigraph's executor gives the first actor (``ray_common.core_layout``), for TRL too."""
+    """The ``n`` cores omnigraph's executor gives the first actor (``placement.core_layout``), for TRL too."""
     try:
-        from omnigraph.executors.ray_common import physical_first
+        from omnigraph.executors.placement import physical_first
         free = physical_first(sorted(os.sched_getaffinity(0)))
     except Exception:  # noqa: BLE001 - no affinity API: every core
         return []

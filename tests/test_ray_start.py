@@ -10,7 +10,7 @@ import ray
 
 import omnigraph as og
 from omnigraph.executors import make_executor
-from omnigraph.executors.ray_common import core_layout
+from omnigraph.executors.placement import core_layout
 
 from conftest import GRAPHS
 

@@ -184,7 +184,7 @@ def _cuda_info() -> dict[str, Any] | None:
 
 
 def _pin_cores() -> None:
-    """With ``OMNIGRAPH_PIN_CPUS`` (see ``ray_common.core_layout``) the process runs on those cores only."""
+    """With ``OMNIGRAPH_PIN_CPUS`` (see ``placement.core_layout``) the process runs on those cores only."""
     pinned = os.environ.get("OMNIGRAPH_PIN_CPUS")
     if pinned:
         os.sched_setaffinity(0, [int(c) for c in pinned.split(",")])

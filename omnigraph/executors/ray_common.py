@@ -18,6 +18,7 @@ from ..transports.shmfiles import remove_shm     # not .pack: the driver need no
 from .base import Executor, StepResult
 from .program import Op, pipe_names, program
 from .ray_actor import GraphActor
+from .placement import core_layout, fmt_labels, unlabelled
 from .ray_start import INIT, start_local, stop_node
 from .signals import Signals, signal_dir
 from .warm import WarmServer, preload_spec
@@ -140,7 +141,7 @@ class RayExecutor(Executor):
         deadline, said = time.monotonic() + wait, 0.0
         while True:
             free = ray.available_resources()
-            unplaced = _unlabelled(labels)
+            unplaced = unlabelled(labels)
             if not unplaced and all(w <= free.get(k, 0.0) + 1e-9 for k, w in want.items()):
                 return
             if time.monotonic() > deadline:
@@ -338,10 +339,11 @@ class RayExecutor(Executor):
             try:
                 ray.get(a.status.options(concurrency_group="control").remote(), timeout=5)
             except ray.exceptions.GetTimeoutError:
-                if name in self.dead_nodes():   # no answer, and the cluster has given up on its node
+                why = self.dead_nodes().get(name)     # no answer, and the cluster has given up on its node
+                if why is not None:
                     node, step = self._last_op(name, step, fired)
                     self.hang_seen = True
-                    raise NodeFailure(node, step, f"actor {name} is gone: {self.dead_nodes()[name]}") from None
+                    raise NodeFailure(node, step, f"actor {name} is gone: {why}") from None
                 continue                        # alive, busy
             except ray.exceptions.RayError:
                 node, step = self._last_op(name, step, fired)
@@ -416,48 +418,3 @@ QUIET = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 def python_path() -> dict[str, str]:
     """The driver's folder on the actors' path (a graph's dotted names may point into it)."""
     return {"PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
-
-
-def fmt_labels(labels: dict[str, str]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in labels.items())
-
-
-def _unlabelled(labels: dict[str, dict[str, str]]) -> list[str]:
-    """The pools whose labels no live node carries."""
-    if not labels:
-        return []
-    nodes = [n.get("Labels") or {} for n in ray.nodes() if n.get("Alive")]
-    return [name for name, want in labels.items() if not any(all(have.get(k) == v for k, v in want.items())
-                                                             for have in nodes)]
-
-
-def core_layout(plan, spec) -> dict[str, list[int]]:
-    """Cores for each actor on a local cluster: ``cpus`` whole cores each, in plan order, when the
-    actors together fit the cores this process may use; otherwise none (no pinning)."""
-    if spec.runtime.address:
-        return {}
-    free = physical_first(sorted(os.sched_getaffinity(0)))
-    want = {name: int(a.cpus) for name, a in plan.actors.items()}
-    if any(n < 1 or n != plan.actors[name].cpus for name, n in want.items()) or sum(want.values()) > len(free):
-        return {}
-    out, i = {}, 0
-    for name, n in want.items():
-        out[name], i = free[i:i + n], i + n
-    return out
-
-
-def physical_first(cpus: list[int]) -> list[int]:
-    """One hardware thread of every physical core first, then their siblings: two busy actors pinned
-    to hyperthread siblings share one core's execution units and slow each other down (e.g. a rollout's
-    launch-bound generate beside the trainer)."""
-    seen: set[str] = set()
-    first, rest = [], []
-    for c in cpus:
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
-                core = f.read().strip()
-        except OSError:
-            core = str(c)
-        (rest if core in seen else first).append(c)
-        seen.add(core)
-    return first + rest
