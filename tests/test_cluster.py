@@ -136,16 +136,8 @@ def test_a_control_call_left_waiting_by_a_lost_node_ends_in_a_node_failure(monke
         time.sleep(3)
     waiting.join(timeout=20)
     assert ended and "did not reach 3 live nodes" in str(ended[0])
-    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid, c.address, str(c.root))]
+    left = LocalCluster._pids(lambda cmd: c.address in cmd or str(c.root) in cmd)
     assert not left, f"processes of the stopped cluster still run: {left}"
-
-
-def _cmdline(pid: str, *needles: str) -> bool:
-    try:
-        cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-    except OSError:
-        return False
-    return any(n in cmd for n in needles)
 
 
 def test_the_weights_path_fits_the_executor_on_a_cluster(tmp_path):
