@@ -16,9 +16,9 @@ from .. import plugins
 from ..errors import GraphError, NodeFailure
 from ..transports.shmfiles import remove_shm     # not .pack: the driver need not load torch
 from .base import Executor, StepResult
+from .placement import core_layout, fmt_labels, unlabelled
 from .program import Op, pipe_names, program
 from .ray_actor import GraphActor
-from .placement import core_layout, fmt_labels, unlabelled
 from .ray_start import INIT, start_local, stop_node
 from .signals import Signals, signal_dir
 from .warm import WarmServer, preload_spec

@@ -223,8 +223,6 @@ def _plan_for(tensors: Mapping[str, Any], dtype, plans: dict | None) -> _Plan:
     return plan
 
 
-
-
 def _open_ipc(handles: dict[str, tuple[str | None, tuple]], layout: bytes | dict, sender: tuple[int, int],
               stamp: tuple[str, int, int] | None = None) -> TensorPack:
     """Receiver side of ``cuda-ipc``: the sender's buffers, opened once per sender pack and kept open.
