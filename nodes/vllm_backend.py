@@ -226,6 +226,7 @@ class VllmGenerate(Rollout):
         # "direct" is in place too (nothing allocated but the repacked layers); it also skips the copy before
         self.ctx.log(weights_in_place=float(all(d["how"] in ("in place", "direct") for d in done)),
                      weights_direct=float(all(d["how"] == "direct" for d in done)),
+                     weights_packed_layers=float(min(d.get("packed", 0) for d in done)),
                      engine_load_s=max(d["load_s"] for d in done))
         self.llm.reset_prefix_cache()
 

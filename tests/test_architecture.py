@@ -19,7 +19,7 @@ from omnigraph.errors import GraphError
 from conftest import GRAPHS, ROOT
 
 HEAVY = {"torch", "transformers", "tokenizers", "peft", "vllm", "gguf", "safetensors", "matplotlib", "tensorboard",
-         "wandb", "mlflow", "datasets", "reasoning_gym", "math_verify", "ray", "omnigraph.transports.collectives", "omnigraph.transports.groups", "omnigraph.transports.pack",
+         "wandb", "mlflow", "datasets", "reasoning_gym", "math_verify", "ray", "numba", "llvmlite", "omnigraph.transports.collectives", "omnigraph.transports.groups", "omnigraph.transports.pack",
          "omnigraph.transports.delta",
          "omnigraph.plots", "omnigraph.viz.png", "omnigraph.viz.gantt"}
 """What may be imported inside a function: packages that take seconds to import (or are optional extras),
