@@ -34,10 +34,11 @@ is left empty, so the model's ``load_weights`` cannot write into it. Three ways 
   head (from the received embeddings where it is tied), compute from buffers of sgl-kernel's packed layout
   that the plan owns, and each load refills them in place (:func:`omnigraph.sdk.cpu_kernels.pack_vnni`,
   faster than a plain copy here) where vLLM would pack into new oneDNN buffers at half a copy's speed plus
-  0.13-0.15 ms per layer (SmolLM2-135M in bf16: the engine's load 82 -> 25 ms). sgl-kernel is vLLM's own
+  0.13-0.15 ms per layer (SmolLM2-135M in bf16: the engine's load 85 -> 24 ms). sgl-kernel is vLLM's own
   kernel for its small layers; for the large ones it picks oneDNN, which generated at the same speed here
-  (SmolLM2-135M, 2 cores: sgl-kernel 5-9% faster at 32 sequences, 1-3% slower at 128). A layer moves only
-  where the repacker's output equals sgl-kernel's own packing of the loaded weight (checked once).
+  (``bench/vllm_layout.py``, SmolLM2-135M on 2 cores: x1.01 the tokens/s at 32 sequences, x0.98 at 128). A
+  layer moves only where the repacker's output equals sgl-kernel's own packing of the loaded weight (checked
+  once).
 
 A tied output head is tied to the embeddings again and, unless the direct path packs it, re-processed
 (``reload_weights`` replaces the embedding's parameter; without the re-tie logprobs were off by up to ~1.0).
