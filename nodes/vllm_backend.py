@@ -231,14 +231,22 @@ class VllmGenerate(Rollout):
         self.llm.reset_prefix_cache()
 
     def _merge(self, adapter: dict) -> dict:
-        """Adapter tensors -> the full weights, ``W + (alpha / r) B A`` in the adapted layers.
+        """Adapter tensors -> the full weights in the engine's dtype, ``W + (alpha / r) B A`` in the adapted
+        layers, computed in float32 from the checkpoint's own ``W`` and rounded once.
 
         All of them: vLLM's ``reload_weights`` rebuilds the model from what it is given (layers left
-        out come back empty), so the base weights stay in this process for the next merge."""
+        out come back empty), so the base weights stay in this process for the next merge: the adapted
+        layers' as the checkpoint has them, the rest already in the engine's dtype (copied, not cast, at
+        each load). One ``addmm`` per layer, cast while its result is still in cache (SmolLM2, all seven
+        projections adapted, bf16: 104 ms a merge, then 101 ms in the engine, before)."""
+        dtype = getattr(torch, str(self.dtype), None)
+        dtype = dtype if isinstance(dtype, torch.dtype) else None         # "auto": the checkpoint's, as vLLM
         if self._base is None:
+            adapted = {_lora_stem(k) + ".weight" for k in adapter if "lora_A" in k}
             self._base = {}
             for f in sorted(self.path.glob("*.safetensors")):
-                self._base.update(load_file(str(f)))
+                for k, v in load_file(str(f)).items():
+                    self._base[k] = v if k in adapted or dtype is None or not v.is_floating_point() else v.to(dtype)
         scale = self.lora.alpha / self.lora.r
         out = dict(self._base)
         for k, a in adapter.items():
@@ -247,7 +255,7 @@ class VllmGenerate(Rollout):
             stem = _lora_stem(k)
             b = adapter[k.replace("lora_A", "lora_B")]
             w = self._base[stem + ".weight"]
-            out[stem + ".weight"] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
+            out[stem + ".weight"] = torch.addmm(w.float(), b.float(), a.float(), alpha=scale).to(dtype or w.dtype)
         return out
 
     def _load_lora(self, weights: Weights) -> None:
