@@ -2,6 +2,7 @@
 bucket layout and metadata, and the send/receive logic itself over gloo between two CPU processes
 (tests/test_gpu_multi.py runs it on NCCL)."""
 
+import glob
 import os
 import pickle
 import random
@@ -402,6 +403,45 @@ def test_shm_files_are_reused_only_when_no_receiver_maps_them():
             pickle.loads(blobs[0])                    # its file was reused since (renamed): not the newer weights
     finally:
         shm.close()
+
+
+def test_a_receiver_keeps_its_mappings_but_not_the_locks():
+    """The receiver maps each of the sender's files once: a refilled file comes back through the mapping it kept,
+    with the new weights; its lock lasts only as long as the tensors read under it; a deleted file's mapping is
+    dropped at the next open."""
+    from omnigraph.sdk import WeightsState
+    from omnigraph.transports import shmpool
+    from omnigraph.transports.packed import KEEP, Shm
+    state = {"w": torch.zeros(64, 1024)}
+    shm, other = Shm("sync"), Shm("sync")
+
+    def mapping_of(ino):
+        (m,) = [m for (_, i, _), (_, m) in shmpool._MAPS.items() if i == ino]
+        return m
+    try:
+        seen: dict[int, object] = {}                  # inode -> the mapping it was read through
+        for v in range(1, 4 * KEEP):
+            state["w"].fill_(v)
+            sent = shm.export(WeightsState(state, "full"), v).tensors
+            ino = os.stat(sent.files["float32"]).st_ino
+            got = pickle.loads(pickle.dumps(sent))
+            assert float(got["w"][0, 0]) == v and float(got["w"][-1, -1]) == v
+            assert seen.setdefault(ino, mapping_of(ino)) is mapping_of(ino)   # seen before: the same mapping
+            assert not shmpool._unmapped(sent.files["float32"])               # locked while `got` lives
+            del got, sent
+        assert shm.pool.reused >= KEEP and len(seen) <= shmpool.CACHED      # files came round, mapped once each
+        # no received tensor alive: each file can be taken by its sender, though the receiver still maps it
+        files = [f for f in glob.glob("/dev/shm/omnigraph-weights-*") if os.stat(f).st_ino in seen]
+        assert files and all(shmpool._unmapped(f) for f in files)
+        # the sender goes (its files deleted): the next open drops their mappings
+        shm.close()
+        state["w"].fill_(-1)
+        got = pickle.loads(pickle.dumps(other.export(WeightsState(state, "full"), 1).tensors))
+        assert float(got["w"][0, 0]) == -1
+        assert not {i for (_, i, _) in shmpool._MAPS} & set(seen)
+    finally:
+        shm.close()
+        other.close()
 
 
 @pytest.mark.parametrize("in_flight, readable", [(None, [3, 4, 5]), (5, [1, 2, 3, 4, 5])])
