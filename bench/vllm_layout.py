@@ -119,8 +119,8 @@ def main() -> int:
     for layout in ("vllm", "omnigraph"):
         print(f"{layout:<10} " + " ".join(f"{out[layout]['tok_s_' + b]:14.1f}" for b in BATCHES) +
               f" {out[layout]['engine_load_s'] * 1e3:8.1f}")
-    record.emit("vllm_layout", {**out, "model": "smollm2-135m", "dtype": "bfloat16",
-                                "max_new_tokens": args.max_new_tokens, "rounds": rounds, "load_avg": round(load, 2)}, args)
+    record.emit("vllm_layout", {**out, "model": "smollm2-135m", "dtype": "bfloat16", "rounds": rounds,
+                                "max_new_tokens": args.max_new_tokens, "load_avg": round(load, 2)}, args)
     return 0
 
 

@@ -115,7 +115,8 @@ class WeightLoader:
 
     def omnigraph_load_weights(self, source) -> dict:
         """Load a full set of weights from a safetensors file path, safetensors bytes, or (in-process engine
-        only) a mapping of tensors; returns what it took (``how``: ``reload``, ``in place`` or ``direct``) and timings."""
+        only) a mapping of tensors; returns what it took (``how``: ``reload``, ``in place`` or ``direct``; ``packed``:
+        the layers it refilled in sgl-kernel's layout) and timings."""
         t0 = time.perf_counter()
         if isinstance(source, (str, os.PathLike)):
             tensors = load_file(str(source))
@@ -216,7 +217,7 @@ class Direct:
         self.plain = plain          # (parameter, source name)
         self.names = names          # every received name it uses -> its shape
         # (layer, weight source names, bias source names or None, buffer): layers that compute from a buffer of
-        # sgl-kernel's layout which the plan fills (omnigraph.sdk.cpu_kernels.pack_vnni); ``head``: the output head is among them
+        # sgl-kernel's layout the plan refills (cpu_kernels.pack_vnni); ``head``: the output head is among them
         self.packed = packed or []
         self.head = head
 
@@ -289,11 +290,12 @@ class Direct:
 
 
 def _to_packed(model, linear: list, kept: dict, tensors, tied: set) -> tuple[list, list, bool]:
-    """Move the layers of ``linear`` (and the output head) that sgl-kernel can compute with onto buffers of its
-    layout which :func:`~omnigraph.sdk.cpu_kernels.pack_vnni` refills at each load: ``(linear, packed, head)``, the layers left
-    to vLLM's repack, those moved, and whether the head is among them. Only on a CPU with AMX (sgl-kernel's condition), for 16-bit weights whose
-    shapes fit, and each layer only where the repacker's output equals sgl-kernel's own packing of the weight
-    vLLM loaded (checked here, once)."""
+    """Move the layers of ``linear`` (and the output head) onto buffers of sgl-kernel's layout, which
+    :func:`~omnigraph.sdk.cpu_kernels.pack_vnni` refills at each load: ``(linear, packed, head)``, the layers
+    left to vLLM's repack, those moved, and whether the head is among them (``tied``: the names a tied head
+    shares; its source is then the received embeddings). Only on a CPU with AMX (sgl-kernel's condition), for
+    16-bit weights whose shapes fit, and each layer only where the repacker's output equals sgl-kernel's own
+    packing of the weight vLLM loaded (checked here, once)."""
     from vllm import _custom_ops as ops
     if not (torch.cpu._is_amx_tile_supported() and hasattr(torch.ops._C, "convert_weight_packed")):
         return linear, [], False

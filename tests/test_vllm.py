@@ -87,15 +87,22 @@ def check_against_trainer(gen, policy, temperature):
         n = int(got["response_mask"][i].sum())
         assert got["input_ids"][i, got["prompt_len"]:][:n].tolist() == ref, text
     out = gen.sample(ids, 4, greedy=False, seed=123)
-    from omnigraph.sdk import SampleBatch
-    batch = SampleBatch(0, list(range(len(out["completion"]))), [0] * len(out["completion"]), [0] * len(out["completion"]),
-                        {k: out[k] for k in ("input_ids", "attention_mask", "response_mask", "logprob")},
-                        {"prompt_len": out["prompt_len"]})
-    ref = policy.logprobs(model, batch, slice(0, len(batch)), temperature) * out["response_mask"]
+    ref = trainer_logprobs(policy, out, temperature) * out["response_mask"]
     diff = float((ref - out["logprob"]).abs().max())
     assert diff < LOGPROB_ATOL, diff
     assert out["response_mask"].sum() > len(batch)          # completions longer than one token
     return out
+
+
+@torch.no_grad()
+def trainer_logprobs(policy, out, temperature):
+    """The trainer's logprobs (the old_logprob pass) of the tokens in ``out``, a ``sample`` result."""
+    from omnigraph.sdk import SampleBatch
+    n = len(out["completion"])
+    batch = SampleBatch(0, list(range(n)), [0] * n, [0] * n,
+                        {k: out[k] for k in ("input_ids", "attention_mask", "response_mask", "logprob")},
+                        {"prompt_len": out["prompt_len"]})
+    return policy.logprobs(policy.model.eval(), batch, slice(0, n), temperature)
 
 
 def perturb(model, scale, only=None):
@@ -207,17 +214,10 @@ def packed_buffers_match_sgl(gen, tensors) -> int:
     return gen.llm.collective_rpc(check)[0]
 
 
-@torch.no_grad()
 def trainer_gap(policy, out, temperature) -> float:
     """Mean absolute difference between the engine's sampled logprobs and the trainer's for the same tokens."""
-    from omnigraph.sdk import SampleBatch
-    n = len(out["completion"])
-    batch = SampleBatch(0, list(range(n)), [0] * n, [0] * n,
-                        {k: out[k] for k in ("input_ids", "attention_mask", "response_mask", "logprob")},
-                        {"prompt_len": out["prompt_len"]})
-    ref = policy.logprobs(policy.model.eval(), batch, slice(0, n), temperature)
     mask = out["response_mask"].bool()
-    return float((ref - out["logprob"]).abs()[mask].mean())
+    return float((trainer_logprobs(policy, out, temperature) - out["logprob"]).abs()[mask].mean())
 
 
 def reload_as_vllm_alone(gen, weights, monkeypatch) -> None:
