@@ -90,7 +90,7 @@ def check_against_trainer(gen, policy, temperature):
     ref = trainer_logprobs(policy, out, temperature) * out["response_mask"]
     diff = float((ref - out["logprob"]).abs().max())
     assert diff < LOGPROB_ATOL, diff
-    assert out["response_mask"].sum() > len(batch)          # completions longer than one token
+    assert out["response_mask"].sum() > len(out["completion"])   # completions longer than one token
     return out
 
 
