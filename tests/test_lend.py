@@ -68,6 +68,16 @@ def test_a_lent_run_trains_every_group_once_and_its_share_at_staleness_zero(tmp_
     assert result.summary["groups_trained"] == 16 * 5 and not result.summary.get("groups_lost")
 
 
+def test_a_lent_plan_runs_on_another_executor_than_it_was_compiled_for(tmp_path):
+    """``run(plan, executor=...)`` compiles the graph as given again, not the planner's rewrite (which already has
+    the lent nodes, and would get them twice)."""
+    plan = og.compile(GRAPH, overrides=["schedule.lend=true", "schedule.iterations=2", *GEN_BOUND])
+    assert plan.graph.spec.runtime.executor == "ray"
+    result = run(plan, run_dir=tmp_path, executor="local", progress=False)
+    assert result.summary["groups_trained"] == 16 * 2
+    assert {"generate_lent", "reward_lent"} <= set(result.metrics[-1]["fired"]) | set(result.metrics[-2]["fired"])
+
+
 def test_a_step_scored_in_two_shares_reports_one_reward_over_all_its_samples():
     from omnigraph.executors.base import StepResult
     from omnigraph.runtime.metrics import step_metrics

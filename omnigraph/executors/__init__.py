@@ -33,10 +33,13 @@ def make_executor(plan, name: str | None = None, **options) -> Executor:
 
 
 def for_executor(plan, name: str):
-    """``plan`` compiled again for executor ``name`` (the same graph; only choices that depend on it differ)."""
+    """``plan`` compiled again for executor ``name`` (the same graph; only choices that depend on it differ).
+
+    It compiles the spec as given (``plan.source``), not the planner's rewrite of it: ``schedule.lend`` adds
+    nodes, and planning the rewritten spec again would add them twice."""
     if name not in EXECUTORS:
         raise GraphError(f"unknown executor '{name}'", where="runtime.executor", fix="use ray, ray-tasks or local")
-    return compile(plan.graph.spec, overrides=[f"runtime.executor={name}"])
+    return compile(plan.source if plan.source is not None else plan.graph.spec, overrides=[f"runtime.executor={name}"])
 
 
 __all__ = ["EXECUTORS", "Executor", "StepResult", "for_executor", "make_executor"]
