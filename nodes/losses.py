@@ -18,6 +18,15 @@ With staleness 0 the proximal and behaviour policies are the same weights and
 ``w == 1``: plain PPO-clip. Token losses are aggregated as a mean over all
 response tokens of the mini-batch ("token-mean").
 
+What the correction sees is logged every step (:class:`LossOut`): the gap
+``|old_logprob - behav_logprob|`` per token (mean and max: the sampler-trainer
+gap on policy, the policy's drift since sampling when stale), the weights
+(``is_mean``, ``is_max``) and the share of tokens whose weight the cap
+truncated (``is_trunc_frac``). A stale sample one update old whose tokens moved
+by several nats is far off-policy: the weight saturates at ``is_cap`` and the
+update goes on regardless. What bounds that drift is the step size; the
+gap's mean is the figure to watch when choosing ``lr`` for a staleness.
+
 >>> import torch
 >>> lp = torch.tensor([[0.0, 0.0]]); mask = torch.ones(1, 2)
 >>> out = policy_loss(lp, lp, lp, torch.tensor([1.0]), mask, clip=0.2)
@@ -41,6 +50,11 @@ class LossOut:
     is_mean: torch.Tensor
     is_max: torch.Tensor
     kl: torch.Tensor
+    is_trunc_frac: torch.Tensor
+    """Share of the tokens whose importance weight ``exp(old - behav)`` exceeded ``is_cap`` (truncated)."""
+    gap_mean: torch.Tensor
+    """Mean of ``|old_logprob - behav_logprob|`` over the tokens, in nats."""
+    gap_max: torch.Tensor
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -60,7 +74,8 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, behav_logprob:
     ratio = torch.exp(logprob - old_logprob)
     clipped = torch.clamp(ratio, 1 - clip, 1 + clip)
     surrogate = torch.minimum(ratio * adv, clipped * adv)
-    w = torch.exp(old_logprob - behav_logprob).clamp(max=is_cap).detach()
+    raw = torch.exp(old_logprob - behav_logprob).detach()
+    w = raw.clamp(max=is_cap)
     per_token = -w * surrogate
     kl = torch.zeros((), dtype=logprob.dtype)
     if ref_logprob is not None:
@@ -76,8 +91,11 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, behav_logprob:
         is_clipped = ((ratio - clipped).abs() > 1e-9).to(logprob.dtype)
         big = torch.where(mask > 0, ratio, torch.zeros_like(ratio))
         wbig = torch.where(mask > 0, w, torch.zeros_like(w))
+        gap = (old_logprob - behav_logprob).abs() * (mask > 0)
         out = LossOut(loss=loss, clip_frac=masked_mean(is_clipped, mask), ratio_mean=masked_mean(ratio, mask),
-                      ratio_max=big.max(), is_mean=masked_mean(w, mask), is_max=wbig.max(), kl=kl)
+                      ratio_max=big.max(), is_mean=masked_mean(w, mask), is_max=wbig.max(), kl=kl,
+                      is_trunc_frac=masked_mean((raw > is_cap).to(logprob.dtype), mask),
+                      gap_mean=masked_mean(gap, mask), gap_max=gap.max())
     out.loss = loss
     return out
 

@@ -25,6 +25,11 @@ from nodes.policy import Policy, micro
 from nodes.sharded import gather, idle_pass, load_local, local_state, lockstep, state_bytes
 
 
+PER_MINI_BATCH = ("clip_frac", "ratio_mean", "is_mean", "kl", "entropy", "grad_norm", "is_trunc_frac",
+                  "behav_vs_old_logprob_absdiff_mean")
+"""Statistics that are token means within a mini-batch: the step logs their mean over its mini-batches."""
+
+
 class Update:
     """PPO-clip with the decoupled correction (``nodes.losses``), AdamW, gradient clipping, micro-batches."""
 
@@ -76,18 +81,19 @@ class Update:
                 rows = slice(mini.start + part.start, mini.start + part.stop)
                 lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True, share=s.share_prompts)
                 proximal = lp.detach() * mask[rows] if fused else old[rows]
-                if fused:
-                    diff = float(((proximal - behav[rows]).abs() * mask[rows]).max())
-                    stats.setdefault("behav_vs_old_logprob_maxdiff_max", []).append(diff)
                 out = policy_loss(lp, proximal, behav[rows], adv[rows], mask[rows], clip=s.clip, is_cap=s.is_cap,
                                   ref_logprob=None if ref is None else ref[rows], kl_coef=self.kl_coef,
                                   denominator=tokens)
                 out.loss.backward()
                 w = float(mask[rows].sum() / tokens)
-                for k in ("clip_frac", "ratio_mean", "is_mean", "kl"):
+                for k in ("clip_frac", "ratio_mean", "is_mean", "kl", "is_trunc_frac"):
                     stats.setdefault(k, []).append(float(getattr(out, k)) * w)
                 for k in ("ratio_max", "is_max"):
                     stats.setdefault(k, []).append(float(getattr(out, k)))
+                # the sampler's log-probs against the proximal policy's: the sampler-trainer gap, plus the drift
+                # of the policy since sampling where the sample is stale (mean and max over the tokens, nats)
+                stats.setdefault("behav_vs_old_logprob_absdiff_mean", []).append(float(out.gap_mean) * w)
+                stats.setdefault("behav_vs_old_logprob_maxdiff_max", []).append(float(out.gap_max))
                 stats.setdefault("loss", []).append(float(out.loss.detach()))
                 stats.setdefault("entropy", []).append(float(masked_mean(ent, mask[rows])) * w)
             self.ctx.fault("after_backward")
@@ -101,8 +107,7 @@ class Update:
             stats["gpu_mem_gb"] = [torch.cuda.max_memory_allocated(pol.device) / 1e9]
         stats["trainer_state_mb"] = [state_bytes(model, pol.opt) / 2 ** 20]   # this rank's share (its shards)
         self.ctx.log(**{k: (max(v) if k.endswith("_max") else
-                            sum(v) / (minis if k in ("clip_frac", "ratio_mean", "is_mean", "kl", "entropy",
-                                                     "grad_norm") else 1) if k != "trainer_state_mb" else v[0])
+                            sum(v) / (minis if k in PER_MINI_BATCH else 1) if k != "trainer_state_mb" else v[0])
                         for k, v in stats.items()})
 
     def state_dict(self) -> dict:

@@ -24,7 +24,7 @@ from omnigraph.testing import build_node, prompts
 from omnigraph.transports import collectives, groups
 rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(1)
-spec = og.load(sys.argv[5], ["nodes.update.mini_batch_size=64", f"pools.trainer.actors={world}"])
+spec = og.load(sys.argv[5], ["nodes.update.mini_batch_size=64", "nodes.update.lr=3e-4", f"pools.trainer.actors={world}"])
 gen, _ = build_node(spec, "generate")
 batch = gen.generate(0, prompts(spec, 0), Weights(0))
 batch = build_node(spec, "reward")[0].score(0, batch)

@@ -29,11 +29,14 @@ class TestPolicyLoss:
         assert float(out.is_mean) == pytest.approx(4 / 3)
         assert float(out.is_max) == pytest.approx(2.0)
         assert float(out.ratio_max) == pytest.approx(1.5)
+        # A1's weight exp(0 + log 3) = 3 was truncated to 2; its gap is log 3, B1's and A2's are 0
+        assert float(out.is_trunc_frac) == pytest.approx(1 / 3)
+        assert float(out.gap_mean) == pytest.approx(math.log(3.0) / 3) and float(out.gap_max) == pytest.approx(math.log(3.0))
 
     def test_without_staleness_the_weight_is_one_and_it_is_plain_ppo(self):
         cur, old, _, adv, mask = example()
         out = policy_loss(cur, old, old, adv, mask, clip=0.2)
-        assert float(out.is_mean) == 1.0
+        assert float(out.is_mean) == 1.0 and float(out.is_trunc_frac) == 0 and float(out.gap_max) == 0
         assert float(out.loss) == pytest.approx((-1.2 - 1.0 + 0.8) / 3)
 
     def test_micro_batches_with_a_shared_denominator_sum_to_the_token_mean(self):

@@ -32,6 +32,11 @@ fill: step 0: generate, reward
 drain: step 8: old_logprob, sync, update
 staleness bound: 1 (max_staleness 1000, on_stale error; reward -> old_logprob delay 1; \
 sync -> generate delay 1; unrolled 8 iterations, hyperperiod 1)
+correction:
+  update: decoupled PPO, PPO-clip 0.2 against the proximal policy (the trainer's weights at the step);
+    importance weights min(exp(old - behaviour), is_cap 2) for samples up to 1 version old
+  logged per step: behav_vs_old_logprob_absdiff_mean, behav_vs_old_logprob_maxdiff_max, is_mean, is_max, \
+is_trunc_frac, clip_frac
 predicted step: 0.300 s (serial sum 0.500 s, overlap x1.67)
 warnings: none"""
 

@@ -90,9 +90,13 @@ def test_shared_prompt_forward_gives_the_plain_logits_and_gradients(lora):
 
 
 def test_update_trains_the_same_weights_with_and_without_sharing():
-    finals = []
+    """The same AdamW step either way, up to the order of float additions. AdamW's first step moves a weight
+    by about lr * sign(gradient) whatever the gradient's size, so where a gradient is within float noise of 0
+    (|g| <= 1e-7 here: terms that cancel) the two orders may step it differently, by at most 2 lr; everywhere
+    else the weights agree within 1e-5."""
+    finals, grads, lr = [], [], 3e-4
     for share in ("true", "false"):
-        spec = og.load(GRAPHS / "grpo_sync.yaml", [f"nodes.update.share_prompts={share}"])
+        spec = og.load(GRAPHS / "grpo_sync.yaml", [f"nodes.update.share_prompts={share}", f"nodes.update.lr={lr}"])
         shared = {}
         upd, _ = build_node(spec, "update", shared=shared)
         gen, _ = build_node(spec, "generate")
@@ -108,9 +112,17 @@ def test_update_trains_the_same_weights_with_and_without_sharing():
         per_prompt = spec.task.samples_per_prompt
         micro = spec.nodes["update"].micro_batch_size
         assert (micro // per_prompt in rows) == (share == "true"), rows     # each prompt once: sharing ran
-        finals.append({k: v.clone() for k, v in upd.policy.model.state_dict().items()})
+        model = upd.policy.model
+        finals.append({k: v.clone() for k, v in model.state_dict().items()})
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() and grads[0].keys() == grads[1].keys()
     for k in finals[0]:
-        assert torch.allclose(finals[0][k], finals[1][k], atol=1e-5), k
+        diff = (finals[0][k] - finals[1][k]).abs()
+        if k in grads[0]:
+            clear = grads[0][k].abs() > 1e-7
+            assert clear.float().mean() > 0.9, k          # the exemption is for the few cancelling terms
+            assert float(diff[clear].max()) < 1e-5, (k, float(diff[clear].max()))
+        assert float(diff.max()) <= 2 * lr + 1e-7, (k, float(diff.max()))
 
 
 def test_rollout_prefills_each_prompt_once_and_samples_the_same_tokens(monkeypatch):

@@ -28,7 +28,7 @@ def train(world: int, mode: str, tmp_path, lora: bool = False) -> dict:
            "OMP_NUM_THREADS": "1"}
     out = tmp_path / f"{mode}-{world}-{lora}.pt"
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(store.port), str(out), str(GRAPH),
-                               mode] + (["lora"] if lora else []), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               mode] + (["lora"] if lora else []) + ["nodes.update.lr=3e-4"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world)]
     res = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(err[-3000:] for _, err in res)

@@ -91,12 +91,34 @@ def format_plan(plan) -> str:
     st = plan.staleness
     out.append(f"staleness bound: {st.bound} (max_staleness {s.max_staleness}, on_stale {s.on_stale}; "
                f"{st.explanation}; unrolled {st.iterations_unrolled} iterations, hyperperiod {st.hyperperiod})")
+    out.extend(correction_lines(plan))
     p = plan.prediction
     if p:
         out.append(f"predicted step: {p.step_s:.3f} s (serial sum {p.serial_s:.3f} s, overlap x{p.overlap:.2f})")
     out.append("warnings:" + ("" if plan.warnings else " none"))
     out.extend(f"  - {w}" for w in plan.warnings)
     return "\n".join(out)
+
+
+def correction_lines(plan) -> list[str]:
+    """How each trainer step corrects for the staleness the proof allows (its ``clip`` and ``is_cap``)."""
+    out = []
+    for n in plan.graph.of_role("trainer"):
+        clip, cap = getattr(n.spec, "clip", None), getattr(n.spec, "is_cap", None)
+        if clip is None or cap is None:
+            continue
+        weights = f"importance weights min(exp(old - behaviour), is_cap {cap:g})"
+        if plan.bound == 0:
+            out += [f"  {n.name}: on policy, PPO-clip {clip:g}; {weights}",
+                    "    correct only the gap between the sampler's log-probs and the trainer's"]
+        else:
+            old = f"{plan.bound} version{'s' if plan.bound > 1 else ''}"
+            out += [f"  {n.name}: decoupled PPO, PPO-clip {clip:g} against the proximal policy (the trainer's weights "
+                    "at the step);", f"    {weights} for samples up to {old} old"]
+    if out:
+        out.append("  logged per step: behav_vs_old_logprob_absdiff_mean, behav_vs_old_logprob_maxdiff_max, is_mean, "
+                   "is_max, is_trunc_frac, clip_frac")
+    return ["correction:", *out] if out else []
 
 
 def _partial_steps(plan) -> tuple[str, str]:
