@@ -82,7 +82,8 @@ def main() -> int:
     rounds, repeats = (2, 2) if args.quick else (3, 3)
     spec = og.load(ROOT / "graphs" / "smollm2_vllm_one_step_off.yaml", [
         "model.dtype=bfloat16", "nodes.generate.dtype=null", "nodes.update.lora=null", "nodes.sync.payload=full",
-        f"nodes.generate.max_new_tokens={args.max_new_tokens}", "nodes.generate.temperature=1.0"])
+        f"nodes.generate.max_new_tokens={args.max_new_tokens}", "nodes.generate.temperature=1.0",
+        "nodes.generate.options={packed_weights: true}"])
     sync, _ = build_node(spec, "sync")
     gen, ctx = build_node(spec, "generate")
     weights = export(spec, sync, 1)

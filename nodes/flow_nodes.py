@@ -5,7 +5,9 @@
 ``reward`` (backend ``image``) scores the final images with a batched function and computes GRPO's group
 advantages; ``old_logprob`` recomputes the transitions' log-probabilities under the trainer's current
 weights, fused into the update's own forward (one optimizer step per batch); ``update`` is PPO-clip over denoising steps, a seeded subset of ``timestep_fraction`` of them per
-update (FlowGRPO's), with the decoupled correction ``min(exp(old - behaviour), is_cap)`` for stale samples;
+update (FlowGRPO's), with the decoupled correction ``min(w, is_cap)`` for stale samples, ``w`` the ratio of
+the transition's densities under the trainer's weights and the sampler's (the log-probabilities are per-value
+means, as FlowGRPO's clip uses them; their ratio barely moves, so ``w`` is ``exp(values * (old - behaviour))``);
 ``sync`` hands the trainer's weights to the generators, as for language models: all of them, or only LoRA
 adapters (``lora: {r, alpha, target_modules}`` on the update, on the net's Conv2d and Linear layers by name,
 e.g. ``[conv1, conv2]``, with ``sync: {payload: lora}``).
@@ -214,14 +216,22 @@ class Update:
         steps = sorted(torch.randperm(T, generator=torch.Generator().manual_seed(self.ctx.seed + step))[:k].tolist())
         adv = torch.tensor(f["advantage"], dtype=torch.float32).clamp(-self.adv_clip, self.adv_clip).to(pol.device)
         behav = f["logprob"].to(pol.device)
+        values = f["latents"][0, 0].numel()           # per transition: the log-probabilities are means over them
         pol.net.train()
         pol.opt.zero_grad(set_to_none=True)
         stats: dict[str, list[float]] = {"behav_dev": [], "clip_frac": [], "loss": [], "is_max": []}
+        raws: list[torch.Tensor] = []
         for rows in micro(n, s.micro_batch_size):
             lp = pol.logprobs(batch, rows, steps)                               # [b, k]
             o, b = lp.detach(), behav[rows][:, steps]                           # proximal: these weights (fused)
             ratio = torch.exp(lp - o)
-            is_w = torch.exp(o - b).clamp(max=s.is_cap)
+            # the importance weight is the ratio of the transitions' densities: the log-probabilities are means
+            # over the image's values, so their difference times the number of values (the per-value ratio
+            # stayed within 1.005 of 1 at staleness 5 and corrected nothing: the async run drifted down)
+            log_w = (o - b) * values
+            raws.append(log_w.flatten())
+            raw = torch.exp(log_w)
+            is_w = raw.clamp(max=s.is_cap)
             a = adv[rows, None]
             per = torch.maximum(-a * ratio, -a * ratio.clamp(1 - s.clip, 1 + s.clip)) * is_w
             loss = per.sum() / (n * k)
@@ -234,8 +244,14 @@ class Update:
         self.ctx.fault("after_backward")
         gn = torch.nn.utils.clip_grad_norm_([p for p in pol.net.parameters() if p.requires_grad], s.max_grad_norm)
         pol.opt.step()
+        log_w = torch.cat(raws)
+        w = torch.exp(log_w)
+        # the importance weights of the trained transitions: their spread shows how far the policy moved since
+        # the samples were drawn (on policy every weight is 1 up to float order)
         self.ctx.log(behav_ratio_dev_max=max(stats["behav_dev"]), clip_frac=sum(stats["clip_frac"]) / len(stats["clip_frac"]),
-                     loss=sum(stats["loss"]), is_max=max(stats["is_max"]), grad_norm=float(gn), timesteps_trained=k)
+                     loss=sum(stats["loss"]), is_max=max(stats["is_max"]), grad_norm=float(gn), timesteps_trained=k,
+                     is_mean=float(w.clamp(max=s.is_cap).mean()), is_trunc_frac=float((w > s.is_cap).float().mean()),
+                     is_log_std=float(log_w.std()) if log_w.numel() > 1 else 0.0)
 
     def state_dict(self) -> dict:
         return {"model": self.policy.net.state_dict(), "opt": self.policy.opt.state_dict()}

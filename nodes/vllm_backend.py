@@ -168,6 +168,8 @@ class VllmGenerate(Rollout):
         self.lora_request = None
         self.merged = self.lora is not None and spec.lora_serving == "merged"
         self.dtype = spec.dtype or ctx.model.dtype
+        # sgl-kernel's refilled layout on AMX CPUs (nodes.vllm_weights): off unless asked, see there why
+        self.packed = bool(spec.options.get("packed_weights", False))
         self.stops = self.stop_ids()
 
         os.environ.update(engine_env())
@@ -214,13 +216,13 @@ class VllmGenerate(Rollout):
             tensors = merge_lora_state(tensors, self.lora)
             self.lora_request = None
         if self.in_process:
-            done = self.llm.collective_rpc("omnigraph_load_weights", args=(tensors,))
+            done = self.llm.collective_rpc("omnigraph_load_weights", args=(tensors, self.packed))
         else:
             self._shm = self._shm or shm_dir()
             path = self._shm / "weights.safetensors"
             write_safetensors(tensors, path)
             try:
-                done = self.llm.collective_rpc("omnigraph_load_weights", args=(str(path),))
+                done = self.llm.collective_rpc("omnigraph_load_weights", args=(str(path), self.packed))
             finally:
                 path.unlink(missing_ok=True)
         # "direct" is in place too (nothing allocated but the repacked layers); it also skips the copy before

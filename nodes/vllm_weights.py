@@ -30,7 +30,10 @@ is left empty, so the model's ``load_weights`` cannot write into it. Three ways 
   The checkpoint-format copies the ``in place`` path keeps are then freed (the model's linear weights once
   more in RAM). Anything the check cannot prove keeps the ``in place`` path.
 
-  On a CPU with AMX, for 16-bit weights, the direct path goes further: the linear layers, and the output
+  Where asked (the generate node's ``options: {packed_weights: true}``; off by default: with it on, a
+  bf16 SmolLM2-135M run on an AMX CPU went from learning to collapse while the sampler's log-probs of its own
+  tokens drifted by 3-13 nats from the trainer's, a fault not found yet), on a CPU with AMX, for 16-bit
+  weights, the direct path goes further: the linear layers, and the output
   head (from the received embeddings where it is tied), compute from buffers of sgl-kernel's packed layout
   that the plan owns, and each load refills them in place (:func:`omnigraph.sdk.cpu_kernels.pack_vnni`,
   faster than a plain copy here) where vLLM would pack into new oneDNN buffers at half a copy's speed plus
@@ -113,10 +116,10 @@ def _keeping_packed_params(kept: dict):
 class WeightLoader:
     """vLLM worker extension: ``omnigraph_load_weights`` (see the module docstring)."""
 
-    def omnigraph_load_weights(self, source) -> dict:
+    def omnigraph_load_weights(self, source, packed: bool = False) -> dict:
         """Load a full set of weights from a safetensors file path, safetensors bytes, or (in-process engine
         only) a mapping of tensors; returns what it took (``how``: ``reload``, ``in place`` or ``direct``; ``packed``:
-        the layers it refilled in sgl-kernel's layout) and timings."""
+        the layers it refilled in sgl-kernel's layout, which it tries only where ``packed`` is asked) and timings."""
         t0 = time.perf_counter()
         if isinstance(source, (str, os.PathLike)):
             tensors = load_file(str(source))
@@ -142,7 +145,8 @@ class WeightLoader:
                 self.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
             self._omnigraph_retie(model)
             self._omnigraph_packed = kept
-            self._omnigraph_direct = Direct.learn(model, tensors, kept, self._omnigraph_tied()) if kept else None
+            self._omnigraph_direct = Direct.learn(model, tensors, kept, self._omnigraph_tied(),
+                                                  packed=packed) if kept else None
             if self._omnigraph_direct is not None:
                 self._omnigraph_packed = None        # the direct path needs no checkpoint-format copies
         packed = len(self._omnigraph_direct.packed) if how == "direct" else 0
@@ -223,10 +227,10 @@ class Direct:
 
     @classmethod
     @torch.no_grad()
-    def learn(cls, model, tensors, kept: dict, tied: bool) -> "Direct | None":
+    def learn(cls, model, tensors, kept: dict, tied: bool, packed: bool = False) -> "Direct | None":
         """The plan for ``model`` right after ``tensors`` were loaded into it (``kept``: each repacked layer's
-        checkpoint-format weight; ``tied``: the output head shares the embeddings), or None where any part of
-        it does not check out."""
+        checkpoint-format weight; ``tied``: the output head shares the embeddings; ``packed``: try sgl-kernel's
+        refilled layout), or None where any part of it does not check out."""
         mapping = getattr(model, "packed_modules_mapping", None) or {}
         module_names = {m: n for n, m in model.named_modules()}
         # a tied model's loader skips a received head (the head is the embeddings): so does the plan
@@ -266,8 +270,10 @@ class Direct:
             used[name] = tuple(src.shape)
         if set(tensors) - set(used) - tied:       # a received tensor the plan would drop
             return _unproven(f"received tensors it would not use: {sorted(set(tensors) - set(used) - tied)[:3]}")
-        linear, packed, head = _to_packed(model, linear, kept, tensors, tied)
-        return cls(linear, plain, used, packed, head)
+        moved, head = [], False
+        if packed:
+            linear, moved, head = _to_packed(model, linear, kept, tensors, tied)
+        return cls(linear, plain, used, moved, head)
 
     @torch.no_grad()
     def load(self, tensors) -> bool:

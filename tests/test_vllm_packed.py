@@ -58,7 +58,8 @@ def test_bf16_layers_compute_from_buffers_refilled_in_place_as_vllm_packs_them(m
     load refills in place (``omnigraph.sdk.cpu_kernels.pack_vnni``); the bytes equal sgl-kernel's packing of
     the received weights, and the engine samples exactly what it samples after vLLM's own reload of them
     (the tiny model's layers are small: vLLM computes them with sgl-kernel too)."""
-    spec, sync, gen = make(["model.dtype=bfloat16", "nodes.generate.dtype=null", "nodes.generate.max_new_tokens=12"])
+    spec, sync, gen = make(["model.dtype=bfloat16", "nodes.generate.dtype=null", "nodes.generate.max_new_tokens=12",
+                             "nodes.generate.options={packed_weights: true}"])
     try:
         pol = sync.policy
         ids = [gen.encode(Prompt(t)) for t in TEXTS]
@@ -91,7 +92,7 @@ def test_smollm2_bf16_moves_every_linear_layer_and_the_tied_head_onto_refilled_b
     VllmGenerate.engine_args = {}
     spec = og.load(GRAPHS / "smollm2_vllm_one_step_off.yaml", [
         "model.dtype=bfloat16", "nodes.generate.dtype=null", "nodes.update.lora=null", "nodes.sync.payload=full",
-        "nodes.generate.max_new_tokens=8"])
+        "nodes.generate.max_new_tokens=8", "nodes.generate.options={packed_weights: true}"])
     sync, _ = build_node(spec, "sync")
     gen, _ = build_node(spec, "generate")
     try:
