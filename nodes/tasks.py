@@ -53,19 +53,30 @@ class Task:
 
 
 class Digits(Task):
-    """Copy a number of ``min_len..max_len`` digits; 1 in ``eval_every`` numbers is held out."""
+    """Copy a number of ``min_len..max_len`` digits; 1 in ``eval_every`` numbers is held out.
+
+    ``long_share`` of the numbers (0 by default) are long instead, ``max_len + 1 .. long_len`` digits: a heavy
+    tail of long completions among short ones (what partial rollouts are for).
+
+    >>> [p.meta["target"] for p in Digits(prompts=6, seed=1, long_share=0.3).batch(0)]
+    ['129', '4352532', '3392', '128', '1718', '1015']
+    """
 
     def __init__(self, prompts: int, seed: int = 0, min_len: int = 3, max_len: int = 4,
-                 eval_prompts: int = 64, eval_every: int = 10):
+                 eval_prompts: int = 64, eval_every: int = 10, long_share: float = 0.0, long_len: int = 30):
         self.prompts = prompts
         self.seed = seed
         self.min_len, self.max_len = min_len, max_len
         self.eval_prompts = eval_prompts
         self.eval_every = eval_every
+        self.long_share, self.long_len = long_share, long_len
 
     def _draw(self, rng: random.Random, held_out: bool) -> Prompt:
         while True:
-            n = rng.randint(self.min_len, self.max_len)
+            if self.long_share and rng.random() < self.long_share:
+                n = rng.randint(self.max_len + 1, self.long_len)
+            else:
+                n = rng.randint(self.min_len, self.max_len)
             number = str(rng.randint(10 ** (n - 1), 10 ** n - 1))
             if self._held_out(number) == held_out:
                 return Prompt(f"copy {number}:", {"target": number})

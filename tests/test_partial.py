@@ -28,9 +28,11 @@ from omnigraph.testing import build_node, canonical_spec, export, prompts
 from conftest import GRAPHS
 
 GRAPH = GRAPHS / "grpo_partial.yaml"
-SMALL = ["task.prompts=8", "nodes.generate.max_new_tokens=32", "nodes.generate.partial.budget_tokens=8",
+SMALL = ["task.prompts=8", "task.options={max_len: 30}", "nodes.generate.max_new_tokens=32",
+         "nodes.generate.partial={budget_tokens: 8, max_spans: 4}", "schedule.max_staleness=4", "nodes.update.lr=3e-5",
          "nodes.generate.eval_every=0", "runtime.executor=local"]
-"""The shipped graph made small: 8 prompts, budget 8 of 32 tokens, 4 spans (bound 4)."""
+"""The shipped graph made small: 8 prompts of 3 to 30 digits (many long completions), budget 8 of 32 tokens,
+4 spans (bound 4)."""
 
 
 def rows(d: Path) -> list[dict]:
@@ -62,13 +64,13 @@ def test_bound_includes_the_spans_and_a_run_reaches_it(tmp_path, mode, kw, spans
 def test_the_plan_prints_the_spans_in_the_bound():
     text = str(og.compile(GRAPH))
     assert "partial rollouts (interruptible generation):" in text
-    assert "bound per sample and per token: 4 = 1 without spans + 3" in text
-    assert "staleness bound: 4" in text
+    assert "bound per sample and per token: 3 = 1 without spans + 2" in text
+    assert "staleness bound: 3" in text
 
 
 def test_a_budget_that_cannot_cover_max_new_tokens_is_a_warning():
     plan = og.compile(GRAPH, overrides=["nodes.generate.partial.budget_tokens=8"])
-    assert any("budget_tokens 8 x max_spans 4 < max_new_tokens 88" in w for w in plan.warnings)
+    assert any("budget_tokens 8 x max_spans 3 < max_new_tokens 40" in w for w in plan.warnings)
     assert not og.compile(GRAPH).warnings
 
 
@@ -76,7 +78,7 @@ def test_a_budget_that_cannot_cover_max_new_tokens_is_a_warning():
     (["nodes.generate.partial={max_spans: 3}"], "nodes.generate.partial", "exactly one of budget_tokens"),
     (["nodes.generate.partial={budget_tokens: 4, budget_s: 1}"], "nodes.generate.partial", "exactly one"),
     (["schedule.on_stale=wait"], "schedule.on_stale", "would drop the tokens"),
-    (["schedule.max_staleness=1"], "schedule.max_staleness", "raise schedule.max_staleness to 4"),
+    (["schedule.max_staleness=1"], "schedule.max_staleness", "raise schedule.max_staleness to 3"),
 ])
 def test_user_errors_name_the_field(extra, where, says):
     with pytest.raises(GraphError) as e:
