@@ -11,9 +11,11 @@ training skips those, the eval set is made only of them, so the two never share 
 ``fewshot_answer``), drawn once from a part of the stream that training and evaluation never reach; their
 questions are never held out, and training skips them too, so no example is ever trained on or evaluated.
 
-The reward extracts the answer from ``<answer>...</answer>`` when the completion has the tags (reasoning-gym's
-own convention), else takes the whole reply, stripped, and returns the dataset's score (1.0 = correct; many
-datasets give partial credit, e.g. the right number inside a longer reply).
+The reward ``reasoning_gym`` reads the answer as reasoning-gym's own pipeline does (``extract_answer``: the
+last ``<answer>...</answer>``; a reply without the tags, or without the closing one, has no answer and scores
+0.0) and returns the dataset's score of it (1.0 = correct). ``reasoning_gym_lenient`` takes the whole reply,
+stripped, where there are no tags: many datasets then give partial credit (the right number inside a
+sentence scores 0.17-0.33 on ``basic_arithmetic``), a gentler signal than the library's own evaluation gives.
 
 >>> task = ReasoningGymTask(prompts=2, dataset="chain_sum", config={"min_terms": 2, "max_terms": 2})
 >>> [p.meta["target"] for p in task.batch(0)] == [p.meta["data"]["answer"] for p in task.batch(0)]
@@ -144,14 +146,30 @@ class ReasoningGymTask:
                 "fewshot": len(self.shots) // 2}
 
 
-def extract(completion: str) -> str:
-    """The answer inside the last ``<answer>...</answer>``, else the whole reply, stripped."""
+def extract(completion: str) -> str | None:
+    """The answer as reasoning-gym's own pipeline reads it: inside the last ``<answer>...</answer>``, else None."""
     from reasoning_gym.utils import extract_answer
-    tagged = extract_answer(completion) if "<answer>" in completion else None
+    return extract_answer(completion)
+
+
+def extract_lenient(completion: str) -> str:
+    """The answer inside the last ``<answer>...</answer>``, else the whole reply, stripped."""
+    tagged = extract(completion)
     return tagged if tagged is not None else completion.strip()
 
 
-def reasoning_gym(prompt: str, completion: str, *, rg: dict, data: dict, **meta) -> float:
-    """The reasoning-gym dataset's own score of the reply (registered reward ``reasoning_gym``)."""
+def _score(answer: str | None, rg: dict, data: dict) -> float:
     ds = _dataset(rg["dataset"], json.dumps(rg["config"], sort_keys=True), rg["seed"])
-    return float(ds.score_answer(extract(completion), data))
+    return float(ds.score_answer(answer, data))
+
+
+def reasoning_gym(prompt: str, completion: str, *, rg: dict, data: dict, **meta) -> float:
+    """The reasoning-gym dataset's own score of the reply, read as the library reads it (registered reward
+    ``reasoning_gym``): no ``<answer>`` tags, no answer, 0.0."""
+    return _score(extract(completion), rg, data)
+
+
+def reasoning_gym_lenient(prompt: str, completion: str, *, rg: dict, data: dict, **meta) -> float:
+    """The dataset's score of the tagged answer, or of the whole reply where it has no tags (registered reward
+    ``reasoning_gym_lenient``: partial credit for a right answer outside the tags)."""
+    return _score(extract_lenient(completion), rg, data)

@@ -128,18 +128,26 @@ class TestReasoningGym:
         held = {p.meta["data"]["question"] for p in t.eval_set()}
         assert len(held) == 64 and not train & held
 
-    def test_the_reward_is_the_datasets_own_score(self):
+    def test_the_reward_is_the_datasets_own_score_of_the_librarys_own_extraction(self):
         import reasoning_gym as rg
+        from reasoning_gym.utils import extract_answer
         spec = og.load(RG_GRAPH)
         t = plugins.make_task(spec)
-        fn = plugins.load("rewards", "reasoning_gym")
-        ds = rg.create_dataset("chain_sum", size=1000, seed=0, min_terms=2, max_terms=2, min_digits=1, max_digits=2)
+        fn, lenient = plugins.load("rewards", "reasoning_gym"), plugins.load("rewards", "reasoning_gym_lenient")
+        ds = rg.create_dataset(spec.task.dataset, size=1000, seed=0, **spec.task.config)
+        lenient_above = 0
         for p in t.batch(3)[:4]:
             answer = p.meta["target"]
-            for reply in (answer, f"<answer>{answer}</answer>", f"It is {answer}.", "no idea"):
-                want = ds.score_answer(reply if "<answer>" not in reply else answer, p.meta["data"])
-                assert fn(p.text, reply, **p.meta) == want
-        assert fn(p.text, p.meta["target"], **p.meta) == 1.0
+            replies = (answer, f"<answer>{answer}</answer>", f"<answer> {answer} </answer> done", f"It is {answer}.",
+                       f"The result is <answer>{answer}", "no idea", f"<answer>1</answer> <answer>{answer}</answer>")
+            for reply in replies:
+                assert fn(p.text, reply, **p.meta) == ds.score_answer(extract_answer(reply), p.meta["data"]), reply
+                loose = ds.score_answer(extract_answer(reply) or reply.strip(), p.meta["data"])
+                assert lenient(p.text, reply, **p.meta) == loose, reply
+                lenient_above += loose > fn(p.text, reply, **p.meta)
+            assert fn(p.text, f"<answer>{answer}</answer>", **p.meta) == 1.0
+            assert fn(p.text, f"It is {answer}.", **p.meta) == 0.0      # no tags: no answer, as the library reads it
+        assert lenient_above > 0                                         # the lenient one credits untagged replies
 
     def test_fewshot_examples_come_before_each_question_and_are_never_trained_or_evaluated(self):
         spec = og.load(RG_GRAPH, ["task.fewshot=2", "task.fewshot_answer='<answer>{answer}</answer>'",
