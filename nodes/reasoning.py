@@ -21,8 +21,10 @@ sentence scores 0.17-0.33 on ``basic_arithmetic``), a gentler signal than the li
 >>> [p.meta["target"] for p in task.batch(0)] == [p.meta["data"]["answer"] for p in task.batch(0)]
 True
 >>> entry = task.batch(0)[0].meta
->>> reasoning_gym(task.batch(0)[0].text, entry["target"], **entry)
+>>> reasoning_gym(task.batch(0)[0].text, f"<answer>{entry['target']}</answer>", **entry)
 1.0
+>>> reasoning_gym(task.batch(0)[0].text, entry["target"], **entry), reasoning_gym_lenient(task.batch(0)[0].text, entry["target"], **entry)
+(0.0, 1.0)
 """
 
 from __future__ import annotations
