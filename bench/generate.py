@@ -1,7 +1,7 @@
 """Rollout throughput: the ``vllm`` generate backend against the ``hf`` one, same model, prompts, sampling.
 
-Both backends run as omnigraph runs them (``nodes.hf.Generate`` and
-``nodes.vllm_backend.VllmGenerate``): the same prompt token ids, ``n``
+Both backends run as omnigraph runs them (``nodes.rollout.hf.Generate`` and
+``nodes.rollout.vllm_engine.VllmGenerate``): the same prompt token ids, ``n``
 samples per prompt, temperature, top-p and ``max_new_tokens``, per-token
 logprobs returned. Each measurement is its own process (vLLM binds the
 threads of the process it lives in), the backends alternate, and each
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 MODELS = {"tiny": ("tiny", "digits", "float32"), "smollm2": ("smollm2-135m", "arithmetic", "auto")}
-"""SmolLM2 in ``auto``: bf16 where the machine runs it natively, else float32 (``omnigraph.precision``)."""
+"""SmolLM2 in ``auto``: bf16 where the machine runs it natively, else float32 (``omnigraph.planning.precision``)."""
 
 
 def measure(backend: str, model: str, prompts: int, samples: int, new_tokens: int, repeats: int) -> dict:

@@ -18,7 +18,7 @@ with the real nodes (``generate`` backend ``hf``, ``reward``, ``old_logprob``,
 
 - generation tokens/s, the same node two ways side by side (interleaved, after a warm-up each): ``decode:
   eager`` (transformers ``generate``, dynamic cache) and ``decode: static`` (static KV cache, the compiled
-  decode step, :mod:`nodes.decode`), both sampled with logprobs; ``gen_speedup_static`` is their ratio and
+  decode step, :mod:`nodes.rollout.decode`), both sampled with logprobs; ``gen_speedup_static`` is their ratio and
   ``gen_compile_s`` the static node's one compile at construction (not in the rates);
 - update tokens/s (``old_logprob`` (fused into the update when it takes one optimizer
   step) + the update: forward, PPO loss, backward, AdamW, over prompt and completion tokens);

@@ -188,7 +188,7 @@ def advisor(where: Path, it: int) -> dict:
     rows = layouts.layouts(spec, scaling, 2, runs)
     pick = next(r for r in rows if r.recommended)
     chosen = where / "recommended.yaml"
-    from omnigraph import yamlio
+    from omnigraph.graph import yamlio
     chosen.write_text(yamlio.dump(layouts.chosen_spec(spec, pick)))
     fresh = [go(str(chosen), [f"schedule.iterations={it}"], where, f"recommended_{i}")[0].summary["s_per_step"]
              for i in (1, 2, 3)]

@@ -1,8 +1,8 @@
 """The trainer's precision on the CPU: float32 vs ``model.dtype: bfloat16`` (mixed precision), side by side.
 
 What is timed is the project's real trainer step on a real batch: ``old_logprob``
-(:class:`nodes.logprob.Logprob`; with one optimizer step per batch it fuses into
-the update's forward and costs nothing) and ``update`` (:class:`nodes.update.Update`:
+(:class:`nodes.trainer.logprob.Logprob`; with one optimizer step per batch it fuses into
+the update's forward and costs nothing) and ``update`` (:class:`nodes.trainer.update.Update`:
 forward and backward of every micro-batch under the policy's precision, the
 decoupled PPO-clip loss, gradient clipping and the AdamW step), built as a
 trainer actor builds them (``omnigraph.testing.build_node``) from
@@ -48,7 +48,7 @@ def load(model: str, dtype: str, extra: list[str]):
             "nodes.generate.lora_serving=adapter",
             "nodes.generate.eval_every=0", "checkpoint.every=null"]
     if model == "tiny":
-        over += ["task.name=digits", "nodes.reward.fn=nodes.rewards:digits_match"]
+        over += ["task.name=digits", "nodes.reward.fn=nodes.rewards.rules:digits_match"]
     return og.load(GRAPH, over + extra)
 
 
@@ -90,8 +90,8 @@ def main() -> int:
     record.add_arguments(ap)
     args = ap.parse_args()
     import torch
-    from nodes.policy import _native_bf16
-    from omnigraph.precision import resolve
+    from nodes.trainer.policy import _native_bf16
+    from omnigraph.planning.precision import resolve
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     extra = [f"task.prompts={args.prompts}"] if args.prompts else []

@@ -2,7 +2,7 @@
 
 The same graph (``graphs/grpo_one_step_off.yaml`` as shipped: the embedded tiny model, two 1-CPU pools,
 the ``ray`` executor on a local cluster each run starts) runs ``--iterations`` steps, ``--repeats`` times
-each way, alternating warm (``runtime.warm_workers=true``, :mod:`omnigraph.executors.warm`) and cold
+each way, alternating warm (``runtime.warm_workers=true``, :mod:`omnigraph.executors.ray.warm`) and cold
 (``false``: every actor a fresh Python process that imports torch and the nodes' code itself). The model is
 built once before any timing. ``startup_s`` is the run's own figure: from ``run()`` to the first step
 begun (Ray, the actors, their imports and models, the compiled graph); the wall time of each whole run is

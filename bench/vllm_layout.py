@@ -1,7 +1,7 @@
 """vLLM's CPU engine with its own weight layout against omnigraph's refilled one: generation and weight loads.
 
 On a CPU with AMX, in bf16, vLLM computes SmolLM2-135M's large linear layers and its head with oneDNN, packed
-into new buffers at each weight load; omnigraph's direct load path (``nodes.vllm_weights``) moves them onto
+into new buffers at each weight load; omnigraph's direct load path (``nodes.rollout.vllm_weights``) moves them onto
 sgl-kernel's layout, which it refills in place (``omnigraph.sdk.cpu_kernels.pack_vnni``). This measures what
 that trades, in one engine, in one process, the two layouts alternating on the same weights:
 
@@ -35,7 +35,7 @@ BATCHES = {"32": (8, 4), "128": (32, 4)}
 def use(layout: str, gen, weights) -> None:
     """Load ``weights`` so that the engine computes with ``layout`` (``vllm``: vLLM's own; ``omnigraph``: the
     refilled sgl-kernel buffers), through ``reload_weights`` (the direct plan is learned anew or not at all)."""
-    from nodes import vllm_weights
+    from nodes.rollout import vllm_weights
 
     def forget(wrapper):
         worker = getattr(wrapper, "worker", wrapper)

@@ -7,7 +7,7 @@ disk) on the ``digits`` task with the same settings:
   (16 prompts x 8 samples = 128 completions per optimizer step), each prompt
   tokenized as ``bos + text``;
 - sampling at temperature 1.0, top-p 1.0, no top-k, at most 16 new tokens, stop at eos;
-- reward ``nodes.rewards.digits_match``; GRPO advantages normalised by the group's std;
+- reward ``nodes.rewards.rules.digits_match``; GRPO advantages normalised by the group's std;
 - PPO-clip (epsilon 0.2), token-mean loss over the whole batch (TRL ``loss_type="dapo"``),
   no KL (``beta=0``), one optimizer step per generated batch (TRL ``num_iterations=1``;
   omnigraph: no ``mini_batch_size``), the 128 completions in one micro-batch on both sides
@@ -42,16 +42,16 @@ last 5 steps (TRL's ``reward`` log key, omnigraph's ``reward_mean``).
 What differs (the work per step is the same algorithm, not the same code):
 
 - ``old_logprob``: with one optimizer step per batch omnigraph fuses it into the update's
-  forward (``nodes.logprob.Logprob.fusable``): no second forward, as TRL with
+  forward (``nodes.trainer.logprob.Logprob.fusable``): no second forward, as TRL with
   ``num_iterations=1`` (its old logprobs are the detached current ones). The JSON's
   ``*_old_logprob_fused`` says whether each run did fuse (from its metrics).
 - Prompts: a group's 8 samples share their prompt. omnigraph runs each distinct prompt through the
-  model once, in the rollout's prefill and in the trainer's forward (``nodes.prefix``; the trainer's
+  model once, in the rollout's prefill and in the trainer's forward (``nodes.models.prefix``; the trainer's
   gradients flow back through the shared keys and values: the same logprobs and gradients, to float
   rounding); TRL runs the prompt once per sample. ``nodes.update.share_prompts=false`` turns it off in
   the trainer.
 - Padding: where a few completions are much longer than the rest, omnigraph's trainer scores the short
-  and the long ones in forwards of their own (``nodes.buckets``: one token-mean loss, the same
+  and the long ones in forwards of their own (``nodes.trainer.buckets``: one token-mean loss, the same
   gradients), TRL pads every completion to the longest.
 - Generation: both call transformers ``generate``; omnigraph also asks it for the logits
   and keeps the sampling logprobs (the behaviour policy of its decoupled PPO loss), TRL
@@ -113,7 +113,7 @@ def tail_mean(xs, n=LAST):
 def cores(n: int) -> list[int]:
     """The ``n`` cores omnigraph's executor gives the first actor (``placement.core_layout``), for TRL too."""
     try:
-        from omnigraph.executors.placement import physical_first
+        from omnigraph.executors.ray.placement import physical_first
         free = physical_first(sorted(os.sched_getaffinity(0)))
     except Exception:  # noqa: BLE001 - no affinity API: every core
         return []
@@ -146,8 +146,8 @@ def run_trl(steps: int, workdir: str) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from nodes import models
-    from nodes.rewards import digits_match
-    from nodes.tasks import Digits
+    from nodes.rewards.rules import digits_match
+    from nodes.tasks.procedural import Digits
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

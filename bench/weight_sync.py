@@ -1,7 +1,7 @@
 """Weight sync into a live vLLM engine on one host: full weights and LoRA-only, against a memcpy.
 
 The trainer side is omnigraph's ``sync`` node, the rollout side the ``vllm``
-generate backend (``nodes.vllm_backend``), on SmolLM2-135M. One sync is
+generate backend (``nodes.rollout.vllm_engine``), on SmolLM2-135M. One sync is
 
 - ``export``: the trainer's ``sync`` node copies its weights out (a state
   dict, or the LoRA adapter tensors only);
@@ -133,7 +133,7 @@ def main() -> int:
         sys.exit(f"bench/weight_sync.py needs the vllm extra ({type(e).__name__}: {e}): pip install -e '.[vllm]'")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     repeats = 3 if args.quick else 5
-    from omnigraph.precision import resolve
+    from omnigraph.planning.precision import resolve
     chosen = resolve(args.dtype, "cpu")
     if args.dtype == "auto":
         print(f"model.dtype auto -> {chosen.dtype} ({chosen.why})", flush=True)

@@ -190,33 +190,33 @@ def _torch_sync(node, options, spec) -> list:
 WARM_MODEL = "nodes.models:warm"
 """Warm workers import the model's architecture code with the backend's module (``Backend.warm``)."""
 
-GENERATE_HF = Backend("generate", "nodes.hf:Generate", uses_model=True, partial=True, check=_token_generator,
+GENERATE_HF = Backend("generate", "nodes.rollout.hf:Generate", uses_model=True, partial=True, check=_token_generator,
                       warm=WARM_MODEL, doc="transformers generate: batched sampling with per-token logprobs")
-GENERATE_VLLM = Backend("generate", "nodes.vllm_backend:VllmGenerate", uses_model=True, partial=True,
+GENERATE_VLLM = Backend("generate", "nodes.rollout.vllm_engine:VllmGenerate", uses_model=True, partial=True,
                         check=_vllm_generator, warm=False,   # vLLM binds OpenMP to its cores: torch must load after
                         doc="a vLLM engine in the rollout actor, weights loaded in place (extra: vllm)")
 GENERATE_SYNTHETIC = Backend("generate", "nodes.synthetic:Generate", partial=True, check=_synthetic_generator,
                              doc="stand-in work of `cost` seconds")
 
-REWARD_PYTHON = Backend("reward", "nodes.scorer:Reward", check=_reward_function,
+REWARD_PYTHON = Backend("reward", "nodes.rewards.scorer:Reward", check=_reward_function,
                         doc="a reward function per sample, GRPO advantages")
-REWARD_SYNTHETIC = Backend("reward", "nodes.scorer:Reward", check=_no_model, doc="exact match, no function")
-REWARD_MODEL = Backend("reward", "nodes.reward_model:RewardModel", check=_reward_model,
+REWARD_SYNTHETIC = Backend("reward", "nodes.rewards.scorer:Reward", check=_no_model, doc="exact match, no function")
+REWARD_MODEL = Backend("reward", "nodes.rewards.model:RewardModel", check=_reward_model,
                        doc="a sequence-classification reward model, batched on its pool's device; GRPO advantages")
 
-OLD_LOGPROB_TORCH = Backend("old_logprob", "nodes.logprob:Logprob", uses_model=True, sharded=True, warm=WARM_MODEL,
+OLD_LOGPROB_TORCH = Backend("old_logprob", "nodes.trainer.logprob:Logprob", uses_model=True, sharded=True, warm=WARM_MODEL,
                             doc="the trainer's current weights (fused into a one-step update)")
-REF_LOGPROB_TORCH = Backend("ref_logprob", "nodes.logprob:Logprob", uses_model=True, sharded=True, warm=WARM_MODEL,
+REF_LOGPROB_TORCH = Backend("ref_logprob", "nodes.trainer.logprob:Logprob", uses_model=True, sharded=True, warm=WARM_MODEL,
                             doc="the initial weights")
 LOGPROB_SYNTHETIC = Backend("old_logprob", "nodes.synthetic:Logprob", doc="deterministic stand-in")
 REF_LOGPROB_SYNTHETIC = Backend("ref_logprob", "nodes.synthetic:Logprob", doc="deterministic stand-in")
 
-UPDATE_TORCH = Backend("update", "nodes.update:Update", uses_model=True, data_parallel=True, sharded=True,
+UPDATE_TORCH = Backend("update", "nodes.trainer.update:Update", uses_model=True, data_parallel=True, sharded=True,
                        warm=WARM_MODEL, check=_torch_trainer,
                        doc="decoupled PPO, AdamW; full or LoRA; data-parallel or FSDP2-sharded over the pool's actors")
 UPDATE_SYNTHETIC = Backend("update", "nodes.synthetic:Update", doc="stand-in work of `cost` seconds")
 
-SYNC_TORCH = Backend("sync", "nodes.sync:Sync", uses_model=True, sharded=True, check=_torch_sync, warm=WARM_MODEL,
+SYNC_TORCH = Backend("sync", "nodes.trainer.sync:Sync", uses_model=True, sharded=True, check=_torch_sync, warm=WARM_MODEL,
                      doc="full weights or LoRA adapter tensors")
 SYNC_SYNTHETIC = Backend("sync", "nodes.synthetic:Sync", doc="the version only")
 
@@ -240,7 +240,7 @@ def _flow_generator(node, options, spec) -> list:
 def _image_reward(node, options, spec) -> list:
     if options.fn is None or options.model is not None:
         return [ConfigError("backend image scores images with fn(images, prompts)", where=f"nodes.{node}.fn",
-                            fix="set fn: nodes.flow_nodes:centred (or your own module:function)")]
+                            fix="set fn: nodes.diffusion.flowgrpo:centred (or your own module:function)")]
     return _resolves(node, options.fn, "fn")
 
 
@@ -252,13 +252,13 @@ def _flow_update(node, options, spec) -> list:
     return []
 
 
-GENERATE_FLOW = Backend("generate", "nodes.flow_nodes:Generate", uses_model=True, check=_flow_generator,
+GENERATE_FLOW = Backend("generate", "nodes.diffusion.flowgrpo:Generate", uses_model=True, check=_flow_generator,
                         doc="a flow-matching image model sampled with FlowGRPO's SDE, per-step logprobs")
-REWARD_IMAGE = Backend("reward", "nodes.flow_nodes:ImageReward", check=_image_reward,
+REWARD_IMAGE = Backend("reward", "nodes.diffusion.flowgrpo:ImageReward", check=_image_reward,
                        doc="fn(images, prompts) on the final images, GRPO advantages")
-OLD_LOGPROB_FLOW = Backend("old_logprob", "nodes.flow_nodes:Logprob", uses_model=True,
+OLD_LOGPROB_FLOW = Backend("old_logprob", "nodes.diffusion.flowgrpo:Logprob", uses_model=True,
                            doc="the sampled transitions' logprobs under the trainer's weights")
-UPDATE_FLOW = Backend("update", "nodes.flow_nodes:Update", uses_model=True, check=_flow_update,
+UPDATE_FLOW = Backend("update", "nodes.diffusion.flowgrpo:Update", uses_model=True, check=_flow_update,
                       doc="FlowGRPO: PPO-clip over a subset of the denoising steps, AdamW")
-SYNC_FLOW = Backend("sync", "nodes.flow_nodes:Sync", uses_model=True, check=_torch_sync,
+SYNC_FLOW = Backend("sync", "nodes.diffusion.flowgrpo:Sync", uses_model=True, check=_torch_sync,
                     doc="the image model's full weights or LoRA adapter tensors")

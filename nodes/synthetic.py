@@ -9,7 +9,7 @@ The synthetic policy "learns" by construction: a sample answers its prompt
 correctly with probability ``min(0.95, 0.1 + 0.05 * version)``, so reward
 curves rise as versions advance. It tests plumbing, not RL.
 
-With ``partial:`` the generator is a per-token stand-in (:mod:`nodes.partial`):
+With ``partial:`` the generator is a per-token stand-in (:mod:`nodes.rollout.partial`):
 each sample draws a long-tailed length (most a few tokens, some up to
 ``max_new_tokens``), a firing decodes every unfinished sample within its budget
 and costs ``options.cost_per_token`` seconds per decode step of its longest
@@ -24,7 +24,7 @@ import zlib
 
 from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
 
-from nodes.partial import Carry
+from nodes.rollout.partial import Carry
 
 
 def spend(seconds: float | None, mode: str = "wait") -> None:

@@ -9,12 +9,12 @@ Node code imports :mod:`omnigraph.sdk` (here as ``og.sdk``) and nothing else.
 """
 
 from . import sdk
-from .builder import Graph, NodeRef
+from .graph.builder import Graph, NodeRef
 from .errors import GraphError, NodeFailure, StalenessError
 from .planning import Plan, compile
 from .runtime import RunResult, run
-from .spec import GraphSpec
-from .yamlio import dump, load_file as load, load_text
+from .graph.spec import GraphSpec
+from .graph.yamlio import dump, load_file as load, load_text
 
 __all__ = ["Graph", "NodeRef", "compile", "run", "Plan", "RunResult", "GraphError", "NodeFailure",
            "StalenessError", "GraphSpec", "dump", "load", "load_text", "sdk"]

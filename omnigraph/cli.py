@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import viz, yamlio
+from . import viz
+from .graph import yamlio
 from .errors import GraphError, NodeFailure, StalenessError
 from .planning import compile, layouts, to_spec, whatif
 from .runtime import interrupt, run
@@ -235,7 +236,7 @@ def cmd_run(args) -> int:
         print(f"error: stopped at once: the graph was torn down and its actors stopped; {kept}\n"
               f"continue with: omnigraph run --resume {s.run_dir}", file=sys.stderr)
         return interrupt.EXIT_STOPPED
-    from .plots import plot_run         # matplotlib loads after the run, not before it
+    from .viz.plots import plot_run         # matplotlib loads after the run, not before it
     s = result.summary
     s["plots"] = [str(p) for p in plot_run(result.run_dir)]
     reward = ""

@@ -14,8 +14,8 @@ from typing import Any
 from . import transports
 from .executors import build
 from .planning import compile
-from .spec import GraphSpec, PartialSpec
-from .validate import resolve
+from .graph.spec import GraphSpec, PartialSpec
+from .proof.validate import resolve
 
 
 def canonical_spec(mode: str = "one_step_off", *, sync_every: int = 1, ahead: int | None = None,

@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = ROOT / "graphs"
 FIXTURES = Path(__file__).parent / "graphs"
 
-os.chdir(ROOT)                      # dotted paths like nodes.rewards:digits_match resolve from the repo root
+os.chdir(ROOT)                      # dotted paths like nodes.rewards.rules:digits_match resolve from the repo root
 sys.path.insert(0, str(ROOT))
 
 

@@ -21,7 +21,7 @@ from conftest import GRAPHS, ROOT
 HEAVY = {"torch", "transformers", "tokenizers", "peft", "vllm", "gguf", "safetensors", "matplotlib", "tensorboard",
          "wandb", "mlflow", "datasets", "reasoning_gym", "math_verify", "ray", "numba", "llvmlite", "omnigraph.transports.collectives", "omnigraph.transports.groups", "omnigraph.transports.pack",
          "omnigraph.transports.delta",
-         "omnigraph.plots", "omnigraph.viz.png", "omnigraph.viz.gantt"}
+         "omnigraph.viz.plots", "omnigraph.viz.png", "omnigraph.viz.gantt"}
 """What may be imported inside a function: packages that take seconds to import (or are optional extras),
 and our modules that import them at their top, so that ``omnigraph check`` and synthetic graphs never pay."""
 
@@ -110,4 +110,4 @@ class TestRegistry:
                 "'torch' in sys.modules)")
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.split() == ["['nodes.rewards']", "False"], out.stdout
+        assert out.stdout.split() == ["['nodes.rewards',", "'nodes.rewards.rules']", "False"], out.stdout

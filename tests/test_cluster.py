@@ -94,7 +94,7 @@ def test_a_control_call_left_waiting_by_a_lost_node_ends_in_a_node_failure(monke
     import ray
 
     from omnigraph.errors import NodeFailure
-    from omnigraph.executors import ray_common
+    from omnigraph.executors.ray import common as ray_common
     with LocalCluster() as c:
         c.add_node("a", cpus=1)
         c.add_node("b", cpus=1)

@@ -1,4 +1,4 @@
-"""Static decoding (nodes/decode.py), the parts that need no GPU: the shape buckets, the batch padding, the
+"""Static decoding (nodes/rollout/decode.py), the parts that need no GPU: the shape buckets, the batch padding, the
 ``decode`` option, and the decode loop itself run eagerly on the CPU against transformers' ``generate``.
 tests/test_gpu.py runs it compiled on CUDA."""
 
@@ -8,8 +8,8 @@ import torch
 import omnigraph as og
 from omnigraph.errors import GraphError
 
-from nodes import decode as D
-from nodes.losses import token_logprobs
+from nodes.rollout import decode as D
+from nodes.trainer.losses import token_logprobs
 
 from conftest import GRAPHS
 
@@ -126,7 +126,7 @@ class TestGroupedQueryAttention:
         """One new token per row over a left-padded cache: the same logits as sdpa's (which copies each key/value
         head for its query heads), through the folded path; a prompt of several tokens goes to sdpa unchanged."""
         from transformers import DynamicCache
-        from nodes.prefix import position_ids
+        from nodes.models.prefix import position_ids
         model, rows = small_model(), rows_of([5, 9, 3])
         P = 9
         ids = torch.tensor([[0] * (P - len(r)) + r for r in rows])

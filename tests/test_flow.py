@@ -1,4 +1,4 @@
-"""FlowGRPO nodes (``nodes.flow``, ``nodes.flow_nodes``) and the rollout actor's ordering rule
+"""FlowGRPO nodes (``nodes.diffusion.flow``, ``nodes.diffusion.flowgrpo``) and the rollout actor's ordering rule
 (``omnigraph.planning.order``): a finished batch leaves before the next generation, in every schedule."""
 
 import itertools
@@ -10,7 +10,7 @@ import torch
 
 import omnigraph as og
 from omnigraph.planning.order import queued_transfers
-from omnigraph.spec import GraphSpec
+from omnigraph.graph.spec import GraphSpec
 from omnigraph.testing import build_node, canonical_spec, export, prompts
 
 from cli_process import EXE
@@ -23,7 +23,7 @@ SYNC, ASYNC = GRAPHS / "flowgrpo_sync.yaml", GRAPHS / "flowgrpo_async.yaml"
 
 
 def test_sde_logprobs_are_the_gaussian_transitions_and_recompute_exactly():
-    from nodes import flow
+    from nodes.diffusion import flow
     torch.manual_seed(0)
     net = flow.VelocityNet(channels=8, emb=16).eval()
     ts = flow.timesteps(6)
@@ -47,7 +47,7 @@ def test_sde_logprobs_are_the_gaussian_transitions_and_recompute_exactly():
 
 
 def test_centred_reward_favours_a_centred_disc_over_noise_and_off_centre_discs():
-    from nodes.flow_nodes import centred
+    from nodes.diffusion.flowgrpo import centred
     yy, xx = torch.meshgrid(torch.arange(16.0), torch.arange(16.0), indexing="ij")
 
     def disc(cx, cy, r=3.0):
@@ -134,7 +134,7 @@ def test_async_graph_proves_its_bound_and_shows_the_transfer_before_the_next_gen
 @pytest.mark.parametrize("override, field, words", [
     ("nodes.generate.eval_every=5", "nodes.generate.eval_every", "no greedy evaluation"),
     ("nodes.generate.options.stepz=3", "nodes.generate.options.stepz", "unknown flow generator option"),
-    ("nodes.reward.fn=nodes.flow_nodes:nowhere", "nodes.reward.fn", ""),
+    ("nodes.reward.fn=nodes.diffusion.flowgrpo:nowhere", "nodes.reward.fn", ""),
 ])
 def test_check_names_the_field_of_a_bad_flow_graph(override, field, words):
     out = subprocess.run([EXE, "check", str(SYNC), override], capture_output=True, text=True, timeout=120)

@@ -12,7 +12,7 @@ import pytest
 import omnigraph as og
 from omnigraph.cli import main
 from omnigraph.planning.layouts import Scaling
-from omnigraph.yamlio import dump
+from omnigraph.graph.yamlio import dump
 
 from conftest import GRAPHS
 

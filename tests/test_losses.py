@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from nodes.losses import policy_loss, token_logprobs
-from nodes.scorer import grpo_advantages
+from nodes.trainer.losses import policy_loss, token_logprobs
+from nodes.rewards.scorer import grpo_advantages
 
 
 def example():

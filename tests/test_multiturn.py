@@ -12,7 +12,7 @@ import torch
 
 import omnigraph as og
 from omnigraph import testing
-from omnigraph.plots import plot_run
+from omnigraph.viz.plots import plot_run
 from omnigraph.runtime import ledger
 from omnigraph.records import read_jsonl
 from omnigraph.runtime import run
@@ -71,7 +71,7 @@ def test_env_tokens_are_in_the_sequence_but_not_trained(episodes):
 
 def test_sampled_logprobs_are_what_the_trainer_computes_on_the_same_weights(episodes):
     spec, _, _, batch = episodes
-    from nodes.policy import Policy
+    from nodes.trainer.policy import Policy
     pol = Policy.of(testing.build_node(spec, "update")[1])          # the trainer's model, version 0
     with torch.no_grad():
         lp = pol.logprobs(pol.model, batch, slice(0, len(batch)), batch.meta["temperature"])
@@ -126,7 +126,7 @@ def test_a_failing_environment_is_named():
 
 
 def test_environments_ship_and_plug_in():
-    from nodes.envs import Calculator
+    from nodes.envs.simple import Calculator
     calc = Calculator(og.sdk.Prompt("What is 2 * 3?", {"target": "6"}))
     assert asyncio.run(calc.step("<calc>2*3</calc>")).tool_calls == 1
     assert asyncio.run(calc.step("6")).done

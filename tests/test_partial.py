@@ -219,7 +219,7 @@ def test_a_real_run_reaches_its_bound_and_plots_the_carried_samples(tmp_path):
     m = rows(d)
     assert max(r.get("token_staleness_max", 0) for r in m) <= 4
     assert max(r.get("spans_max", 0) for r in m) >= 2 and sum(r.get("carried_tokens", 0) for r in m) > 0
-    from omnigraph.plots import plot_run                      # what `omnigraph run` draws at the end
+    from omnigraph.viz.plots import plot_run                      # what `omnigraph run` draws at the end
     assert d / "partial.png" in plot_run(d)
     tl = [json.loads(x) for x in (d / "timeline.jsonl").read_text().splitlines()]
     parts = [r["part"] for r in tl if r.get("node") == "generate" and "part" in r]

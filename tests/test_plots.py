@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omnigraph.plots import plot_run
+from omnigraph.viz.plots import plot_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 NODES = {"generate": ("rollout/0", 0.05), "reward": ("rollout/0", 0.003),

@@ -7,8 +7,8 @@ import pytest
 import omnigraph as og
 from omnigraph.errors import GraphError
 from omnigraph.executors import build
-from omnigraph.precision import cpu_flags, resolve
-from omnigraph.spec import GraphSpec, ModelSpec
+from omnigraph.planning.precision import cpu_flags, resolve
+from omnigraph.graph.spec import GraphSpec, ModelSpec
 from omnigraph.testing import build_node
 
 from conftest import GRAPHS
@@ -91,7 +91,7 @@ class TestTheNodesGetTheResolvedDtype:
         monkeypatch.setattr(lower, "cpu_flags", lambda: ICE_LAKE)
         plan = og.compile(ONE_STEP_OFF, overrides=["model.dtype=auto", "pools.rollout.gpus=1"])
         monkeypatch.setattr(build, "device_of", lambda spec, pool: "cuda" if pool == "rollout" else "cpu")
-        monkeypatch.setattr("omnigraph.precision._cuda", lambda: (True, "Fake GPU"))
+        monkeypatch.setattr("omnigraph.planning.precision._cuda", lambda: (True, "Fake GPU"))
         monkeypatch.setattr(build, "_decided", {})
         monkeypatch.setattr(build, "_said", set())
         assert build.context(plan, "generate", "rollout.0", {}).model.dtype == "bfloat16"

@@ -1,17 +1,17 @@
-"""One forward per distinct prompt (nodes.prefix): the same logprobs and gradients as the plain forward."""
+"""One forward per distinct prompt (nodes.models.prefix): the same logprobs and gradients as the plain forward."""
 
 import pytest
 import torch
 
 import omnigraph as og
 from omnigraph.sdk import Weights
-from omnigraph.spec import LoraSpec
+from omnigraph.graph.spec import LoraSpec
 from omnigraph.testing import build_node, prompts
 
 from conftest import GRAPHS
 from nodes import models
-from nodes.prefix import position_ids
-from nodes.prefix import completion_logits, groups
+from nodes.models.prefix import position_ids
+from nodes.models.prefix import completion_logits, groups
 
 
 def test_groups_find_each_rows_prompt_in_first_seen_order():
@@ -126,7 +126,7 @@ def test_update_trains_the_same_weights_with_and_without_sharing():
 
 
 def test_rollout_prefills_each_prompt_once_and_samples_the_same_tokens(monkeypatch):
-    import nodes.hf
+    import nodes.rollout.hf
     spec = og.load(GRAPHS / "grpo_sync.yaml")
     gen, _ = build_node(spec, "generate")
     embed = gen.model.get_input_embeddings()
@@ -134,7 +134,7 @@ def test_rollout_prefills_each_prompt_once_and_samples_the_same_tokens(monkeypat
     hook = embed.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
     for share in (True, False):
         if not share:
-            monkeypatch.setattr(nodes.hf, "prefill", lambda *a, **k: None)
+            monkeypatch.setattr(nodes.rollout.hf, "prefill", lambda *a, **k: None)
         rows.clear()
         outs.append(gen.generate(0, prompts(spec, 0), Weights(version=0)))
         first = rows[0]

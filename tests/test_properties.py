@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import omnigraph as og
 from omnigraph.errors import GraphError
 from omnigraph.executors import make_executor
-from omnigraph.yamlio import dump, load_text
+from omnigraph.graph.yamlio import dump, load_text
 
 from conftest import GRAPHS
 

@@ -10,7 +10,7 @@ import ray
 
 import omnigraph as og
 from omnigraph.executors import make_executor
-from omnigraph.executors.placement import core_layout
+from omnigraph.executors.ray.placement import core_layout
 
 from conftest import GRAPHS
 
@@ -44,7 +44,7 @@ def test_actors_start_with_their_environment_and_placement_names_their_processes
     assert not ray.is_initialized()
 
 
-# -- warm workers (omnigraph.executors.warm) -----------------------------------
+# -- warm workers (omnigraph.executors.ray.warm) -----------------------------------
 
 def _tiny(extra=()):
     return og.compile(og.load(GRAPHS / "grpo_one_step_off.yaml", ["schedule.iterations=3", "checkpoint.every=null",
@@ -121,7 +121,7 @@ def test_the_warm_server_ends_with_a_driver_that_is_killed(tmp_path):
     script.write_text(
         "import os, sys, time\n"
         f"sys.path.insert(0, {str(GRAPHS.parent)!r})\n"
-        "from omnigraph.executors.warm import WarmServer\n"
+        "from omnigraph.executors.ray.warm import WarmServer\n"
         "w = WarmServer({'modules': ['json'], 'hooks': [], 'model_dir': None})\n"
         "assert w.ready(60)\n"
         "print(w.proc.pid, flush=True)\n"

@@ -1,4 +1,4 @@
-"""The sharded trainer (``pools.trainer.sharding: fsdp``, nodes/sharded.py): FSDP2 over gloo ranks trains as one
+"""The sharded trainer (``pools.trainer.sharding: fsdp``, nodes/trainer/sharded.py): FSDP2 over gloo ranks trains as one
 unsharded actor does, holds half the state per rank at two ranks, resumes exactly, and runs in a real graph."""
 
 import json
@@ -97,7 +97,7 @@ def test_sharded_trainer_on_ray_learns_saves_and_survives_a_failed_rank(ray_sess
     from omnigraph.runtime import run
     monkeypatch.setenv("OMNIGRAPH_INJECT", "update#1@7:raise")
     # 30 steps: after 24 the last four averaged 0.7996 on a Sapphire Rapids CPU, 0.8+ on the AMD EPYC the test was
-    # written on (how fast the tiny model learns depends on the CPU's kernels, nodes/models.py)
+    # written on (how fast the tiny model learns depends on the CPU's kernels, nodes/models/__init__.py)
     plan = og.compile(GRAPH, overrides=SHARDED + ["schedule.iterations=30", "checkpoint.every=4",
                                                   "runtime.max_restarts=1", "nodes.generate.eval_every=0"])
     res = run(plan, run_dir=tmp_path, executor="ray", progress=False)

@@ -6,8 +6,8 @@ import pytest
 
 import omnigraph as og
 from omnigraph.errors import GraphError
-from omnigraph.spec import EdgeSpec, GraphSpec
-from omnigraph.yamlio import apply_override, dump, load_file, load_text
+from omnigraph.graph.spec import EdgeSpec, GraphSpec
+from omnigraph.graph.yamlio import apply_override, dump, load_file, load_text
 
 from conftest import GRAPHS
 
@@ -20,7 +20,7 @@ pools:
   trainer: {actors: 1, cpus: 1, gpus: 0}
 nodes:
   generate:    {kind: generate, pool: rollout, backend: hf, max_new_tokens: 16}
-  reward:      {kind: reward, pool: rollout, fn: nodes.rewards:digits_match}
+  reward:      {kind: reward, pool: rollout, fn: nodes.rewards.rules:digits_match}
   old_logprob: {kind: old_logprob, pool: trainer}
   update:      {kind: update, pool: trainer, lr: 1.0e-3, clip: 0.2}
   sync:        {kind: sync, pool: trainer, payload: full}

@@ -4,8 +4,8 @@ import pytest
 
 import omnigraph as og
 from omnigraph.errors import GraphError
-from omnigraph.schedule import DelayLine, Firing
-from omnigraph.staleness import analyse, horizon
+from omnigraph.proof.schedule import DelayLine, Firing
+from omnigraph.proof.staleness import analyse, horizon
 from omnigraph.testing import canonical_graph, canonical_spec
 
 CASES = [

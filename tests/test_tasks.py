@@ -2,9 +2,9 @@
 
 import pytest
 
-from nodes.rewards import arithmetic_reward, digits_match
+from nodes.rewards.rules import arithmetic_reward, digits_match
 from omnigraph import plugins
-from nodes.tasks import Arithmetic, Digits
+from nodes.tasks.procedural import Arithmetic, Digits
 
 
 @pytest.mark.parametrize("cls", [Digits, Arithmetic])

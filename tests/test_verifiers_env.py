@@ -1,4 +1,4 @@
-"""VerifiersEnv (nodes.verifiers_env): real verifiers environments, built here from verifiers' own classes,
+"""VerifiersEnv (nodes.envs.verifiers_adapter): real verifiers environments, built here from verifiers' own classes,
 played through ``step`` with scripted model messages (no model, no network)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytest.importorskip("verifiers")
 
 from omnigraph.sdk import ConfigError, Prompt  # noqa: E402
 
-from nodes.verifiers_env import VerifiersEnv, verifiers  # noqa: E402
+from nodes.envs.verifiers_adapter import VerifiersEnv, verifiers  # noqa: E402
 
 try:
     vf = verifiers()

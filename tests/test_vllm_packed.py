@@ -1,4 +1,4 @@
-"""The ``vllm`` backend's refilled weight layout on AMX CPUs (``nodes.vllm_weights``, ``Direct``'s packed layers):
+"""The ``vllm`` backend's refilled weight layout on AMX CPUs (``nodes.rollout.vllm_weights``, ``Direct``'s packed layers):
 in bfloat16 the direct load path moves the linear layers (and the tied head) onto sgl-kernel buffers it refills
 in place with ``omnigraph.sdk.cpu_kernels.pack_vnni``. Checked against sgl-kernel's own packing, bit for bit,
 and against what the engine computes on vLLM's own layout.
@@ -44,7 +44,7 @@ def trainer_gap(policy, out, temperature) -> float:
 
 def reload_as_vllm_alone(gen, weights, monkeypatch) -> None:
     """Load ``weights`` through vLLM's ``reload_weights`` and leave every layer on the kernel vLLM picks."""
-    from nodes import vllm_weights
+    from nodes.rollout import vllm_weights
     forget_kept_weights(gen)
     with monkeypatch.context() as m:
         m.setattr(vllm_weights, "_to_packed", lambda model, linear, *args: (linear, [], False))
@@ -88,7 +88,7 @@ def test_smollm2_bf16_moves_every_linear_layer_and_the_tied_head_onto_refilled_b
     tensors (the head from the received embeddings). Greedy completions stay those of vLLM's own reload of
     the same weights; sampled logprobs are as close to the trainer's as vLLM's own (here 0.052 against 0.047
     on average: other kernels round bf16 differently, and at SmolLM2's logits one bf16 step is 0.1-0.2)."""
-    from nodes.vllm_backend import VllmGenerate
+    from nodes.rollout.vllm_engine import VllmGenerate
     VllmGenerate.engine_args = {}
     spec = og.load(GRAPHS / "smollm2_vllm_one_step_off.yaml", [
         "model.dtype=bfloat16", "nodes.generate.dtype=null", "nodes.update.lora=null", "nodes.sync.payload=full",

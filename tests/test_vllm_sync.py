@@ -46,7 +46,7 @@ def build(backend: str, payload: str, dtype: str):
     if backend == "vllm-packed":
         over.append("nodes.generate.options={packed_weights: true}")
     if backend.startswith("vllm"):
-        from nodes.vllm_backend import VllmGenerate
+        from nodes.rollout.vllm_engine import VllmGenerate
         VllmGenerate.engine_args = {"block_size": 32}     # prefix-cached prompts: a stale cache would show
     spec = og.load(GRAPHS / "grpo_sync.yaml", over)
     sync, _ = build_node(spec, "sync")

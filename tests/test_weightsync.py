@@ -223,8 +223,8 @@ def test_the_rollout_takes_nccl_weights_on_arrival_into_its_model_when_the_next_
 
 
 def test_compiled_graphs_get_no_ray_nccl_hint_between_whole_gpus():
-    from omnigraph.executors.program import program
-    from omnigraph.executors.ray_compiled import RayCompiledExecutor
+    from omnigraph.executors.ray.program import program
+    from omnigraph.executors.ray.compiled import RayCompiledExecutor
     for gpus, want in (("1", set()), ("0", {"auto"})):
         plan = og.compile(TWO_GPU, overrides=[f"pools.trainer.gpus={gpus}", f"pools.rollout.gpus={gpus}"])
         ex = RayCompiledExecutor(plan)
@@ -237,7 +237,7 @@ def test_channels_are_sized_for_what_crosses_them(tmp_path):
     cluster the weights themselves cross, so every channel buffer must hold them (a channel that grows
     later hangs Ray's teardown)."""
     from omnigraph import plugins
-    from omnigraph.executors.ray_common import MIN_BUFFER, channel_bytes
+    from omnigraph.executors.ray.common import MIN_BUFFER, channel_bytes
     one_step_off = GRAPHS / "grpo_one_step_off.yaml"
     local = og.compile(og.load(one_step_off, ["model.path=smollm2-135m"]))    # never materialised: not needed
     assert local.weights == {"sync": "shm"} and channel_bytes(local) == MIN_BUFFER

@@ -10,7 +10,7 @@ import pytest
 import omnigraph as og
 from omnigraph.cli import main
 from omnigraph.errors import GraphError
-from omnigraph.yamlio import MAX_NODES, parse_yaml
+from omnigraph.graph.yamlio import MAX_NODES, parse_yaml
 
 from conftest import GRAPHS
 
@@ -166,7 +166,7 @@ def test_without_libyaml_the_pure_python_loader_keeps_the_same_limits(tmp_path):
 import yaml
 del yaml.CSafeLoader
 import omnigraph as og
-from omnigraph import yamlio
+from omnigraph.graph import yamlio
 from omnigraph.errors import GraphError
 assert yamlio._Loader.__mro__[1] is yaml.SafeLoader
 for text, want in [({bomb()!r}, "expands to more than"), ("a: &a [*a]", "refers to itself"),

@@ -1,10 +1,13 @@
-"""Executors: one plan, three ways to run it (the only modules, with the transports, that know Ray).
+"""Executors: one plan, three ways to run it.
 
 - ``local``: the plan in one process, deterministically (:mod:`.local`): the reference semantics;
-- ``ray``: the plan compiled into one Ray Compiled Graph (:mod:`.ray_compiled`);
-- ``ray-tasks``: the same program as ordinary actor calls (:mod:`.ray_tasks`).
+- ``ray``: the plan compiled into one Ray Compiled Graph (:mod:`.ray.compiled`);
+- ``ray-tasks``: the same program as ordinary actor calls (:mod:`.ray.tasks`).
 
-Each hosts one :class:`~omnigraph.executors.interpreter.Interpreter` per plan actor.
+Each hosts one :class:`~omnigraph.executors.interpreter.Interpreter` per plan actor. The modules here are
+executor-neutral (the interpreter, building nodes, the checks on what crosses an edge, regeneration, fault
+injection); everything that knows Ray is in :mod:`omnigraph.executors.ray`, imported only when a Ray executor
+runs (an import contract holds it).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from ..errors import GraphError
 from ..planning import compile
 from .base import Executor, StepResult
 
-EXECUTORS = {"local": "local:LocalExecutor", "ray": "ray_compiled:RayCompiledExecutor",
-             "ray-tasks": "ray_tasks:RayTasksExecutor"}
+EXECUTORS = {"local": "local:LocalExecutor", "ray": "ray.compiled:RayCompiledExecutor",
+             "ray-tasks": "ray.tasks:RayTasksExecutor"}
 """Name -> module:class; Ray is imported only when a Ray executor runs (``omnigraph check`` never loads it)."""
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import plugins
 from ..errors import GraphError
-from ..precision import Precision, resolve
+from ..planning.precision import Precision, resolve
 from ..sdk import ModelInfo, NodeContext, Prompt, RunInfo
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from .. import transports
 from ..errors import NodeFailure, StalenessError
 from ..planning.plan import aligned
-from ..schedule import DelayLine
+from ..proof.schedule import DelayLine
 from ..sdk import ConfigError, Prompt, SampleBatch, Weights
 from ..transports.base import portable
 from . import build, checks

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..builder import Graph as Builder
+from ..graph.builder import Graph as Builder
 from ..errors import GraphError
-from ..spec import GraphSpec
-from ..staleness import analyse
-from ..validate import resolve
-from ..yamlio import apply_override, load_file, validate_raw
+from ..graph.spec import GraphSpec
+from ..proof.staleness import analyse
+from ..proof.validate import resolve
+from ..graph.yamlio import apply_override, load_file, validate_raw
 from .lend import plan_lend
 from .lower import lower
 from .plan import Plan

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import GraphError
-from ..ports import ROLE
+from ..graph.ports import ROLE
 from .compile import compile
 from .whatif import label, node_times, variant
 

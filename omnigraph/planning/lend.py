@@ -6,7 +6,7 @@ the staleness proof and the plan cover it:
 
 * ``generate_lent`` (a copy of the generator, ``lent: true``, on the trainer's pool) samples the last ``k`` of
   each step's prompts, the rollout the others (``prompt_share``);
-* its weights edge from the exporter has delay 0 (:mod:`omnigraph.delays`): it fires after the step's update and
+* its weights edge from the exporter has delay 0 (:mod:`omnigraph.proof.delays`): it fires after the step's update and
   samples with the weights that update made, so its samples are trained at staleness 0;
 * ``reward_lent`` (a copy of the scorer, on the trainer's pool) scores them, and its batch joins the rollout's
   at the trainer with the same delay: two shares of one step's prompt groups, concatenated.
@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GraphError
-from ..ports import ROLE
+from ..graph.ports import ROLE
 from .predict import DEFAULT_COST
 
 SUFFIX = "_lent"

@@ -22,10 +22,10 @@ from __future__ import annotations
 import heapq
 
 from .. import plugins, transports
-from ..ir import Edge, Graph
-from ..precision import Precision, cpu_flags, resolve
-from ..schedule import Firing
-from ..staleness import Report
+from ..graph.ir import Edge, Graph
+from .precision import Precision, cpu_flags, resolve
+from ..proof.schedule import Firing
+from ..proof.staleness import Report
 from .plan import Actor, Channel, Group, Plan, Task, feeds, ranks
 from .predict import predict
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir import Edge, Graph
-from ..precision import Precision
-from ..schedule import Firing
-from ..staleness import Report
+from ..graph.ir import Edge, Graph
+from .precision import Precision
+from ..proof.schedule import Firing
+from ..proof.staleness import Report
 from .predict import Prediction
 from .printer import format_plan
 

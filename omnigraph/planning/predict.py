@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..schedule import Firing
-from ..staleness import hyperperiod
+from ..proof.schedule import Firing
+from ..proof.staleness import hyperperiod
 
 DEFAULT_COST = {"generator": 1.0, "scorer": 0.05, "logprob": 0.2, "trainer": 0.5, "exporter": 0.05, "transform": 0.1}
 STASH_COST = 0.0

@@ -6,8 +6,8 @@ directory are this text.
 
 from __future__ import annotations
 
-from ..schedule import Firing
-from ..staleness import hyperperiod
+from ..proof.schedule import Firing
+from ..proof.staleness import hyperperiod
 from .order import senders
 
 

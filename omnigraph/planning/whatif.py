@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GraphError
-from ..ports import ROLE
+from ..graph.ports import ROLE
 from ..records import read_jsonl, steady
 from .compile import compile, to_spec
 

@@ -4,7 +4,7 @@ The boxes are the predicted schedule (:mod:`omnigraph.planning.predict`) of the 
 few steps, fill included. Each ``generate`` box says the batch it makes and
 the weights version it uses (``gen b3 v2``), each ``update`` box the batch it
 trains and the trainer's version (``upd b2 v2``), both read from the
-staleness proof (:mod:`omnigraph.staleness`), so the picture shows at a
+staleness proof (:mod:`omnigraph.proof.staleness`), so the picture shows at a
 glance what runs in parallel and how stale each batch is. ``stash`` and
 ``apply`` tasks take no time and are drawn as ticks.
 """

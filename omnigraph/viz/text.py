@@ -17,7 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..ir import Edge, Node
+    from ..graph.ir import Edge, Node
     from ..planning import Plan
 
 # words Mermaid reads as syntax, so they cannot be node ids

@@ -1,0 +1,1 @@
+"""Environments for multi-turn episodes (omnigraph.environments): built-in tools, verifiers' environments."""

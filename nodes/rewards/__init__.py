@@ -1,0 +1,1 @@
+"""Rewards (role scorer): rule-based functions, GRPO advantages, reward models."""

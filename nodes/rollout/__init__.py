@@ -1,0 +1,1 @@
+"""Rollout backends (role generator): transformers (hf) and vLLM, partial rollouts and multi-turn episodes."""

@@ -1,0 +1,175 @@
+"""What every token generator shares (role generator): prompts in, a batch of sampled completions out.
+
+A backend (``nodes.rollout.hf``, ``nodes.rollout.vllm_engine``) provides ``tok``,
+``load_weights(weights)`` and ``sample(texts_or_ids, n, greedy=, seed=)``
+returning the fields below; this base turns them into a
+:class:`~omnigraph.sdk.SampleBatch` (first dimension: samples):
+
+- ``input_ids`` ``[B, P + C]``: the prompt left-padded to the batch's longest
+  prompt ``P``, then the completion right-padded to ``C = max_new_tokens``;
+- ``attention_mask`` ``[B, P + C]``; ``response_mask`` ``[B, C]`` (completion
+  tokens up to and including the stop token);
+- ``logprob`` ``[B, C]``: log-probabilities of the sampled tokens under the
+  sampling policy ``softmax(logits / temperature)``, the behaviour policy of
+  the decoupled PPO loss;
+- ``prompt``, ``completion``, ``target`` (texts, for the reward), ``meta`` (each
+  prompt's ``meta``: the reward function gets its keys as keyword arguments).
+
+With ``env:`` the samples are multi-turn episodes (:mod:`nodes.rollout.episodes`): the completion region holds
+the model's and the environment's tokens (``env.max_tokens`` columns, ``response_mask`` on the model's
+only), ``completion`` is the model's last message and ``meta["episode"]`` the episode's record (its
+reward, turns, tool calls and messages), which the reward function gets as ``episode``.
+
+Every batch also has ``token_version`` ``[B, C]`` (the weights version that sampled each completion token,
+``-1`` where there is none) and ``spans`` (firings each sample took). With ``partial:`` (:mod:`nodes.rollout.partial`)
+a batch holds the prompt groups that finished in this firing, some begun in earlier ones: their older tokens
+keep the version and logprob they were sampled with (the decoupled PPO loss reads those per token), and a
+sample's ``min_version`` is its oldest token.
+
+``input_ids`` and ``attention_mask`` are prompt-aligned (``meta["prompt_aligned"]``):
+shards from several rollout ranks join with their prompts left-padded alike.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import torch
+
+from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
+
+from nodes.rollout.episodes import Episodes
+from nodes.rollout.partial import Carry, Group
+from nodes.rollout.prompting import encode
+
+
+def step_seed(seed: int, step: int, rank: int, salt: str = "gen") -> int:
+    return zlib.crc32(f"{salt}:{seed}:{step}:{rank}".encode())
+
+
+class Rollout:
+    def __init__(self, ctx: NodeContext):
+        self.ctx, self.options = ctx, ctx.options
+        self.version = 0
+        self._episodes = None
+        p = getattr(self.options, "partial", None)
+        self.carry = None if p is None else Carry(p, self.options.max_new_tokens, ctx.run.iterations)
+
+    @property
+    def episodes(self):
+        """The multi-turn loop (``env:`` set), built on first use: after the backend has its tokenizer."""
+        if self._episodes is None and getattr(self.options, "env", None) is not None:
+            self._episodes = Episodes(self)
+        return self._episodes
+
+    def _sample(self, prompts: list[Prompt], n: int, *, greedy: bool, seed: int) -> tuple[dict, list[dict]]:
+        """Completions (single-turn) or episodes (``env:``), and each sample's meta."""
+        if self.episodes is None:
+            out = self.sample([self.encode(p) for p in prompts], n, greedy=greedy, seed=seed)
+            return out, [prompts[i // n].meta for i in range(len(out["completion"]))]
+        out, eps = self.episodes.run(prompts, n, greedy=greedy, seed=seed)
+        if not greedy:
+            self.ctx.log(**self.episodes.stats)
+            for span in self.episodes.spans:
+                self.ctx.span(*span)
+        return out, [{**e.prompt.meta, "episode": e.record()} for e in eps]
+
+    def generate(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
+        if self.carry is not None:
+            return self._generate_partial(step, prompts, weights)
+        ctx = self.ctx
+        k = ctx.run.samples_per_prompt
+        t0 = time.perf_counter()
+        out, metas = self._sample(prompts, k, greedy=False, seed=step_seed(ctx.seed, step, ctx.rank))
+        dt = time.perf_counter() - t0
+        n = len(out["completion"])
+        versions = torch.where(out["response_mask"] > 0, weights.version, -1).long()
+        fields = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
+                  "response_mask": out["response_mask"], "logprob": out["logprob"], "token_version": versions,
+                  "spans": [1] * n,
+                  "prompt": [prompts[i // k].text for i in range(n)], "completion": out["completion"],
+                  "target": [prompts[i // k].meta.get("target", "") for i in range(n)], "meta": metas}
+        meta = {"prompt_len": out["prompt_len"], "temperature": self.options.temperature,
+                "prompt_aligned": {"input_ids": self.tok.pad_token_id, "attention_mask": 0}}
+        batch = SampleBatch(step, [prompts[i // k].group for i in range(n)], [weights.version] * n,
+                            [weights.version] * n, fields, meta)
+        tokens = float(out["response_mask"].sum())
+        ctx.log(response_len=float(out["response_mask"].sum(1).mean()), returned_tokens=tokens,
+                gen_tokens_per_s=tokens / max(dt, 1e-9))
+        return batch
+
+    # -- partial rollouts ------------------------------------------------------
+    def _generate_partial(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
+        ctx = self.ctx
+        t0 = time.perf_counter()
+        done = self.carry.fire(step, prompts, [self.encode(p) for p in prompts], ctx.run.samples_per_prompt,
+                               weights.version, self.continue_rows, step_seed(ctx.seed, step, ctx.rank))
+        stats = self.carry.stats
+        ctx.log(**stats)
+        label = f"{stats['partial_rows'] - stats['carried_rows']:.0f} new + {stats['carried_rows']:.0f} carried rows"
+        ctx.span(label, t0, time.perf_counter())
+        batch = self._partial_batch(step, done)
+        if len(batch):
+            ctx.log(response_len=float(batch.fields["response_mask"].sum(1).mean()))
+        return batch
+
+    def _partial_batch(self, step: int, groups: list[Group]) -> SampleBatch:
+        """The finished groups as one batch, laid out as :meth:`generate`'s (prompt left-padded, completion
+        right-padded to ``max_new_tokens``)."""
+        tok, C = self.tok, self.options.max_new_tokens
+        samples = [(g, s) for g in groups for s in g.samples]
+        B = len(samples)
+        P = max((len(s.prompt) for _, s in samples), default=0)
+        ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((B, P + C), dtype=torch.long)
+        alive, lp = torch.zeros((B, C)), torch.zeros((B, C))
+        versions = torch.full((B, C), -1, dtype=torch.long)
+        for i, (_, s) in enumerate(samples):
+            n = len(s.tokens)
+            ids[i, P - len(s.prompt):P] = torch.tensor(s.prompt, dtype=torch.long)
+            mask[i, P - len(s.prompt):P + n] = 1
+            if n:
+                ids[i, P:P + n] = torch.tensor(s.tokens, dtype=torch.long)
+                alive[i, :n] = 1.0
+                lp[i, :n] = torch.tensor(s.logprobs)
+                versions[i, :n] = torch.tensor(s.versions, dtype=torch.long)
+        lo = [min(s.versions, default=self.version) for _, s in samples]
+        hi = [max(s.versions, default=self.version) for _, s in samples]
+        fields = {"input_ids": ids, "attention_mask": mask, "response_mask": alive, "logprob": lp,
+                  "token_version": versions, "spans": [s.spans for _, s in samples],
+                  "prompt": [g.prompt.text for g, _ in samples],
+                  "completion": [tok.decode(s.tokens, skip_special_tokens=True) for _, s in samples],
+                  "target": [g.prompt.meta.get("target", "") for g, _ in samples],
+                  "meta": [g.prompt.meta for g, _ in samples]}
+        meta = {"prompt_len": P, "temperature": self.options.temperature,
+                "prompt_aligned": {"input_ids": tok.pad_token_id, "attention_mask": 0}}
+        return SampleBatch(step, [g.prompt.group for g, _ in samples], lo, hi, fields, meta)
+
+    def in_flight(self) -> list[int]:
+        return self.carry.in_flight() if self.carry is not None else []
+
+    def carry_state(self) -> dict:
+        """The unfinished samples, for the checkpoint (tokens, logprobs, versions; the next firing's seed
+        comes from its step)."""
+        return {"carry": self.carry.state_dict()} if self.carry is not None else {}
+
+    def load_carry(self, state: dict) -> None:
+        if self.carry is not None and "carry" in state:
+            self.carry.load_state_dict(state["carry"])
+
+    def evaluate(self, prompts: list[Prompt]) -> dict:
+        """Greedy completions of the held-out prompts, scored later by the reward node."""
+        out, metas = self._sample(prompts, 1, greedy=True, seed=0)
+        return {"prompt": [p.text for p in prompts], "completion": out["completion"],
+                "target": [p.meta.get("target", "") for p in prompts], "meta": metas, "version": self.version}
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids, the same on every backend (:func:`nodes.rollout.prompting.encode`)."""
+        return encode(self.tok, prompt, self.ctx.model.name)
+
+    def stop_ids(self) -> list[int]:
+        """The end-of-sequence token and the option ``stop`` strings (single tokens)."""
+        tok = self.tok
+        return [tok.eos_token_id] + [tok.convert_tokens_to_ids(tok.tokenize(s))[0] for s in self.options.stop
+                                     if tok.tokenize(s)]

@@ -1,0 +1,1 @@
+"""Prompt sources (omnigraph.tasks): procedural tasks, files and saved datasets, reasoning-gym."""

@@ -1,0 +1,160 @@
+"""The trainer's policy (backend ``torch``), shared by the nodes of the trainer's actor.
+
+``old_logprob`` (:mod:`nodes.trainer.logprob`), ``update`` (:mod:`nodes.trainer.update`) and
+``sync`` (:mod:`nodes.trainer.sync`) share one :class:`Policy` per actor
+(``ctx.shared["policy"]``): the model being trained (optionally LoRA-wrapped
+with peft), its optimizer, and the frozen reference model when a
+``ref_logprob`` node asks for one.
+
+Devices and precision. The model, the optimizer state and every tensor of the
+computation live on ``ctx.device`` (``cuda`` for a pool with ``gpus > 0``);
+batches arrive as host tensors, are moved there once per call, and the
+fields a node adds go back as host tensors. ``model.dtype: bfloat16`` is
+mixed precision, on CUDA and on the CPU alike: fp32 master weights and fp32
+AdamW state (the fused kernel), forward and backward under bf16
+autocast, and ``sync`` exports the weights cast to bf16 (what the rollout
+holds): AdamW steps of lr ~1e-6 on bf16 weights would mostly round away. On
+a CPU with AMX or AVX512-BF16 the update runs ~1.8x faster than fp32
+(SmolLM2-135M + LoRA, one core); on a CPU without them bf16 is emulated and
+slower, and the trainer says so once.
+
+On a pool with ``sharding: fsdp`` the model is sharded with FSDP2 (:mod:`nodes.trainer.sharded`) before its
+first use, and the optimizer is made over the shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from omnigraph.sdk import NodeContext, SampleBatch
+
+from nodes import models
+from nodes.trainer import sharded
+from nodes.trainer.buckets import length_buckets
+from nodes.trainer.losses import entropy, token_logprobs
+from nodes.models.prefix import completion_logits, position_ids
+
+
+def _native_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # noqa: BLE001 - an older build: assume not
+        return False
+
+
+def to_device(value, device):
+    return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+
+
+def micro(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+class Policy:
+    def __init__(self, ctx: NodeContext):
+        path = ctx.model.dir
+        torch.manual_seed(ctx.seed)
+        self.device = torch.device(ctx.device)
+        self.dtype = ctx.model.dtype
+        self.autocast = self.dtype == "bfloat16"
+        if self.autocast and self.device.type == "cpu" and not _native_bf16():
+            print("trainer: this CPU has no native bf16 (AMX / AVX512-BF16): model.dtype bfloat16 runs "
+                  "emulated, slower than float32", flush=True)
+        self.model, self.tok = models.load(path, "float32" if self.autocast else self.dtype, self.device)
+        self.path = path
+        self.lora = ctx.policy.lora
+        if self.lora is not None:
+            self.model = models.with_lora(self.model, self.lora)
+        self.sharded = ctx.sharding == "fsdp"
+        if self.lora is None and not self.sharded:
+            models.contiguous(self.model)       # sync exports it in one cast (its pack has the same order)
+        self.lr, self.weight_decay = ctx.policy.lr, ctx.policy.weight_decay
+        # a sharded model gets its optimizer once it is sharded (prepare): AdamW holds its DTensor shards
+        self.opt = None if self.sharded else self._optimizer()
+        self.ref = None
+
+    def _optimizer(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # the fused kernel (one pass over each tensor) on CUDA, and on the CPU where the model is not sharded
+        fused = self.device.type == "cuda" or not self.sharded
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, fused=fused)
+
+    def prepare(self, collectives) -> None:
+        """On a sharded pool (``sharding: fsdp``): shard the model over the pool's mesh, once, when its
+        process group exists (it forms after the nodes are built). Every node of the pool calls it first."""
+        if not self.sharded or self.opt is not None:
+            return
+        if collectives is None:
+            raise RuntimeError("a sharded trainer needs its pool's process group (the ray executors form it)")
+        sharded.shard(self.model, collectives.mesh())
+        self.opt = self._optimizer()
+
+    @staticmethod
+    def of(ctx: NodeContext) -> "Policy":
+        """The actor's policy (built by the first of its nodes that asks)."""
+        if "policy" not in ctx.shared:
+            ctx.shared["policy"] = Policy(ctx)
+        return ctx.shared["policy"]
+
+    def reference(self):
+        if self.ref is None:
+            self.ref, _ = models.load(self.path, "bfloat16" if self.autocast else "float32", self.device)
+            self.ref.eval()
+        return self.ref
+
+    def amp(self):
+        """bf16 autocast when ``model.dtype`` is bfloat16 (see the module docstring)."""
+        if self.autocast:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def on_device(self, batch: SampleBatch) -> SampleBatch:
+        """The batch with its tensor fields on the trainer's device (the same batch on the CPU)."""
+        if self.device.type == "cpu":
+            return batch
+        return batch.with_fields(**{k: to_device(v, self.device) for k, v in batch.fields.items()
+                                    if isinstance(v, torch.Tensor)})
+
+    def logprobs(self, model, batch: SampleBatch, rows: slice, temperature: float, with_entropy: bool = False,
+                 share: bool = True, split: bool = True):
+        """Per-token logprobs ``[b, C]`` of the completion tokens of ``rows`` (``batch`` on the device), and
+        with ``with_entropy`` the entropies. ``share``: each distinct prompt runs once (:mod:`nodes.models.prefix`);
+        ``split``: short and long completions in forwards of their own where that saves padding
+        (:mod:`nodes.trainer.buckets`). Neither on a sharded model: its forward is a collective, and every rank
+        must run as many."""
+        f = batch.fields
+        P = batch.meta["prompt_len"]
+        share, split = share and not self.sharded, split and not self.sharded
+        # a row's completion tokens (the attention mask: a multi-turn episode's environment tokens count,
+        # though they are not trained)
+        lengths = f["attention_mask"][rows, P:].sum(1)
+        ids, mask = f["input_ids"][rows], f["attention_mask"][rows]
+        parts = None
+        if split:
+            prompts = len(torch.unique(ids[:, :P], dim=0)) if share and P else len(ids)
+            parts = length_buckets(lengths, overhead=64 + (P * prompts if share else 0))
+        if parts is None:
+            return self._score(model, ids, mask, lengths, P, temperature, with_entropy, share)
+        outs = [self._score(model, ids[i], mask[i], lengths[i], P, temperature, with_entropy, share) for i in parts]
+        back = torch.argsort(torch.cat(parts))           # each row back in its place
+        if not with_entropy:
+            return torch.cat(outs)[back]
+        return torch.cat([o[0] for o in outs])[back], torch.cat([o[1] for o in outs])[back]
+
+    def _score(self, model, ids, mask, lengths, P: int, temperature: float, with_entropy: bool, share: bool):
+        """One forward of these rows, over as many completion columns as the longest completion among them
+        (padding costs compute), padded back to the batch's ``C`` columns."""
+        C = ids.shape[1] - P
+        c = max(1, int(lengths.max()))
+        ids, mask = ids[:, :P + c], mask[:, :P + c]
+        with self.amp():
+            # one forward of each distinct prompt of a group (nodes.models.prefix); the output head only where a
+            # completion token is predicted (positions P-1 .. P+c-2), not over the prompt
+            logits = completion_logits(model, ids, mask, position_ids(mask), P, share=share)
+        pad = (0, C - c)
+        lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature), pad)
+        if not with_entropy:
+            return lp
+        return lp, torch.nn.functional.pad(entropy(logits.detach(), temperature), pad)

@@ -1,0 +1,155 @@
+"""``update`` (backend ``torch``, role trainer): one PPO update of the policy per batch.
+
+PPO-clip on GRPO advantages with the decoupled correction (:mod:`nodes.trainer.losses`:
+proximal policy = ``old_logprob``, behaviour policy = the rollout's sampling
+logprobs, truncated importance weight ``is_cap``), token-mean loss, AdamW,
+gradient clipping, mini- and micro-batches. With several trainer actors
+(``ctx.collectives``) the ranks train as one optimizer: the same number of
+mini-batches, each loss divided by the whole mini-batch's tokens, gradients
+summed over the ranks before clipping. On a sharded pool (``sharding: fsdp``,
+:mod:`nodes.trainer.sharded`) FSDP2 reduce-scatters the same sums into each rank's
+shard, and the ranks run their micro-batches in lockstep.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from omnigraph.sdk import NodeContext, SampleBatch
+
+from nodes import models
+from nodes.trainer.losses import masked_mean, policy_loss
+from nodes.trainer.policy import Policy, micro
+from nodes.trainer.sharded import gather, idle_pass, load_local, local_state, lockstep, state_bytes
+
+
+PER_MINI_BATCH = ("clip_frac", "ratio_mean", "is_mean", "kl", "entropy", "grad_norm", "is_trunc_frac",
+                  "behav_vs_old_logprob_absdiff_mean")
+"""Statistics that are token means within a mini-batch: the step logs their mean over its mini-batches."""
+
+
+class Update:
+    """PPO-clip with the decoupled correction (``nodes.trainer.losses``), AdamW, gradient clipping, micro-batches."""
+
+    def __init__(self, ctx: NodeContext):
+        self.ctx, self.options = ctx, ctx.options
+        self.policy = Policy.of(ctx)
+        self.kl_coef = ctx.policy.kl_coef
+
+    def train(self, step: int, batch: SampleBatch) -> None:
+        s, pol = self.options, self.policy
+        model = pol.model
+        model.train()
+        n = len(batch)
+        dp = self.ctx.collectives        # several trainer actors: one optimizer over the whole batch
+        pol.prepare(dp)
+        sharded = pol.sharded
+        if n == 0 and dp is None:        # every sample dropped as too stale
+            return
+        batch = pol.on_device(batch)
+        f = batch.fields
+        T = batch.meta.get("temperature", 1.0)
+        adv = torch.tensor(f["advantage"], dtype=torch.float32, device=pol.device)
+        behav = f["logprob"]
+        fused = batch.meta.get("old_logprob") == "fused"
+        old = f.get("old_logprob", behav)
+        ref = f.get("ref_logprob")
+        mask = f["response_mask"]
+        mb = (s.mini_batch_size // self.ctx.world) if s.mini_batch_size else n
+        if dp is None:
+            minis = micro(n, mb)
+        elif s.mini_batch_size:          # the ranks take the same number of optimizer steps
+            steps = dp.all_max(len(micro(n, mb)))
+            minis = [slice(min(i * mb, n), min((i + 1) * mb, n)) for i in range(steps)]
+        else:
+            minis = [slice(0, n)]
+        params = [p for p in model.parameters() if p.requires_grad]
+        stats: dict[str, list[float]] = {}
+        for mini in minis:
+            pol.opt.zero_grad(set_to_none=True)
+            tokens = mask[mini].sum()
+            if dp is not None:           # the whole mini-batch's tokens: the loss is summed over ranks
+                tokens = torch.tensor(dp.all_sum(float(tokens)), device=pol.device)
+            tokens = tokens.clamp(min=1)
+            parts = micro(mini.stop - mini.start, s.micro_batch_size)
+            for part in (lockstep(parts, dp) if sharded else parts):
+                if part is None:         # a peer has one more micro-batch: take part in its collectives
+                    idle_pass(model, pol.device, backward=True)
+                    continue
+                rows = slice(mini.start + part.start, mini.start + part.stop)
+                lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True, share=s.share_prompts)
+                proximal = lp.detach() * mask[rows] if fused else old[rows]
+                out = policy_loss(lp, proximal, behav[rows], adv[rows], mask[rows], clip=s.clip, is_cap=s.is_cap,
+                                  ref_logprob=None if ref is None else ref[rows], kl_coef=self.kl_coef,
+                                  denominator=tokens)
+                out.loss.backward()
+                w = float(mask[rows].sum() / tokens)
+                for k in ("clip_frac", "ratio_mean", "is_mean", "kl", "is_trunc_frac"):
+                    stats.setdefault(k, []).append(float(getattr(out, k)) * w)
+                for k in ("ratio_max", "is_max"):
+                    stats.setdefault(k, []).append(float(getattr(out, k)))
+                # the sampler's log-probs against the proximal policy's: the sampler-trainer gap, plus the drift
+                # of the policy since sampling where the sample is stale (mean and max over the tokens, nats)
+                stats.setdefault("behav_vs_old_logprob_absdiff_mean", []).append(float(out.gap_mean) * w)
+                stats.setdefault("behav_vs_old_logprob_maxdiff_max", []).append(float(out.gap_max))
+                stats.setdefault("loss", []).append(float(out.loss.detach()))
+                stats.setdefault("entropy", []).append(float(masked_mean(ent, mask[rows])) * w)
+            self.ctx.fault("after_backward")
+            if dp is not None and not sharded:   # sharded: FSDP2 reduce-scattered them in the backward
+                dp.sum_grads(params)
+            gn = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
+            stats.setdefault("grad_norm", []).append(float(gn))
+            pol.opt.step()
+        minis = max(1, len(minis))
+        if pol.device.type == "cuda":
+            stats["gpu_mem_gb"] = [torch.cuda.max_memory_allocated(pol.device) / 1e9]
+        stats["trainer_state_mb"] = [state_bytes(model, pol.opt) / 2 ** 20]   # this rank's share (its shards)
+        self.ctx.log(**{k: (max(v) if k.endswith("_max") else
+                            sum(v) / (minis if k in PER_MINI_BATCH else 1) if k != "trainer_state_mb" else v[0])
+                        for k, v in stats.items()})
+
+    def state_dict(self) -> dict:
+        self.policy.prepare(self.ctx.collectives)
+        if self.policy.sharded:          # this rank's shards only
+            return local_state(self.policy.model, self.policy.opt)
+        return {"model": self.policy.model.state_dict(), "opt": self.policy.opt.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.prepare(self.ctx.collectives)
+        if self.policy.sharded:
+            load_local(self.policy.model, self.policy.opt, state)
+            return
+        self.policy.model.load_state_dict(state["model"])
+        self.policy.opt.load_state_dict(state["opt"])
+
+    def save(self, run_dir: str) -> None:
+        """The final weights, loadable with ``AutoModelForCausalLM.from_pretrained(run_dir/final)``
+        (rank 0 of a data-parallel pool: the ranks hold the same weights; of a sharded pool: every rank
+        takes part in gathering them)."""
+        model = self._whole()
+        if self.ctx.rank != 0:
+            return
+        out = Path(run_dir) / "final"
+        if self.policy.lora is not None:
+            model.save_pretrained(out / "adapter")
+            model = model.merge_and_unload()
+        model.save_pretrained(out, safe_serialization=True)
+        self.policy.tok.save_pretrained(out)
+
+    def _whole(self):
+        """The model to save: the trained one, or on a sharded pool a copy built on rank 0 from the gathered
+        shards (every rank takes part; the others get None)."""
+        pol = self.policy
+        if not pol.sharded:
+            return pol.model
+        pol.prepare(self.ctx.collectives)
+        full = gather(pol.model, keep=self.ctx.rank == 0)
+        if full is None:
+            return None
+        model, _ = models.load(pol.path, "float32", "cpu")
+        if pol.lora is not None:
+            model = models.with_lora(model, pol.lora)
+        model.load_state_dict(full)
+        return model
