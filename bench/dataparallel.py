@@ -117,8 +117,8 @@ def main() -> int:
               "--smoke runs the same code on the CPU", file=sys.stderr)
         return 2
     if args.smoke:
-        from nodes import models
-        path, args.prompts, args.new_tokens = str(models.tiny(0)), 8, 16
+        from nodes import zoo
+        path, args.prompts, args.new_tokens = str(zoo.tiny(0)), 8, 16
     else:
         from gpu_multi import model_folder
         path = str(model_folder(args.model))

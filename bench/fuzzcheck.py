@@ -172,7 +172,7 @@ def _hostile_value(rng: random.Random) -> str:
     return rng.choice(["'generate -> reward'", "generate.out -> reward.in", "{'a -> b': {delay: 2}}",
                        "[generate -> generate]", "sync -> generate", "{kind: update, pool: nowhere}",
                        "{kind: '__import__', pool: rollout}", "{kind: os:system, pool: rollout}",
-                       "{backend: '../../etc/passwd'}", "nodes.builtin:GENERATE_HF", "os:system"])
+                       "{backend: '../../etc/passwd'}", "nodes.rollout:GENERATE_HF", "os:system"])
 
 
 _HOSTILE_PY = [-1, 0, 10**30, -(10**30), 2**63, 1e308, float("inf"), float("nan"), "", "\u202e", None, True, [], {},

@@ -90,8 +90,8 @@ def tokenizer(vocab_size: int):
     """The embedded model's character tokenizer, its vocabulary padded to ``vocab_size`` ids."""
     from tokenizers import Tokenizer, decoders, models as tm, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    from nodes import models
-    vocab = dict(models.build_tokenizer().get_vocab())
+    from nodes import zoo
+    vocab = dict(zoo.build_tokenizer().get_vocab())
     for i in range(len(vocab), vocab_size):
         vocab[f"<x{i}>"] = i
     tok = Tokenizer(tm.BPE(vocab, merges=[], unk_token="<unk>"))
@@ -150,7 +150,7 @@ sys.path.insert(0, os.getcwd())
 import omnigraph as og
 from omnigraph import transports
 from omnigraph.testing import build_node
-spec = og.load(sys.argv[1], [f"model.path={sys.argv[2]}", "nodes.generate.decode=eager", "nodes.generate.eval_every=0",
+spec = og.load(sys.argv[1], [f"model.path={sys.argv[2]}", "nodes.generate.options.decode=eager", "nodes.generate.eval_every=0",
                              "checkpoint.every=null"])
 gen, _ = build_node(spec, "generate")
 rx = transports.make("cuda-ipc", "sync", spec.nodes["sync"])
@@ -197,10 +197,10 @@ def micro(name: str, path: Path, origin: str, args) -> dict:
     plan = og.compile(spec)
     shared: dict = {}                                   # the trainer actor's nodes share one policy
     t0 = time.perf_counter()
-    gen, roll = build_node(spec_for(path, overrides + ["nodes.generate.decode=static"]), "generate")
+    gen, roll = build_node(spec_for(path, overrides + ["nodes.generate.options.decode=static"]), "generate")
     build_s = time.perf_counter() - t0
     compile_s = roll.metrics.get("decode_compile_s", float("nan"))
-    eager, eager_ctx = build_node(spec_for(path, overrides + ["nodes.generate.decode=eager"]), "generate")
+    eager, eager_ctx = build_node(spec_for(path, overrides + ["nodes.generate.options.decode=eager"]), "generate")
     rew, _ = build_node(spec, "reward")
     olp, _ = build_node(spec, "old_logprob", shared=shared)
     upd, _ = build_node(spec, "update", shared=shared)

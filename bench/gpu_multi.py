@@ -310,9 +310,9 @@ def main() -> int:
     if not args.skip_runtime:
         model = "smoke-model" if args.smoke else (args.runtime_model or ("0.5b" if args.quick else "1.5b"))
         if args.smoke:
-            from nodes import models
+            from nodes import zoo
             model = "tiny"
-            models.tiny(0)
+            zoo.tiny(0)
         n = args.iterations or (4 if args.quick or args.smoke else 5)
         print(f"\n2. omnigraph run, GRPO on {'Qwen2.5-' * (not args.smoke)}{model} (random weights), {args.prompts} prompts x 8 samples x "
               f"{args.new_tokens} new tokens, {n} iterations each, executor {args.executor}:")

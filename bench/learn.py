@@ -73,9 +73,9 @@ def main() -> int:
     overrides = [f"schedule.iterations={iterations}", "checkpoint.every=null", f"task.eval_prompts={items}"]
     overrides += args.overrides
     if args.dataset:
-        overrides += [f"task.dataset={args.dataset}", "task.config={}"]
+        overrides += [f"task.options.dataset={args.dataset}", "task.options.config={}"]
     spec = og.load(GRAPH, overrides)
-    print(f"learn: {spec.model.path} on reasoning-gym {spec.task.dataset} {spec.task.config}, {iterations} steps "
+    print(f"learn: {spec.model.path} on reasoning-gym {spec.task.options['dataset']} {spec.task.options.get('config', {})}, {iterations} steps "
           f"of {spec.task.prompts} x {spec.task.samples_per_prompt}, seeds {seeds}, greedy eval on "
           f"{spec.task.eval_prompts} held-out items (the same for every seed) at the first and last step", flush=True)
     runs = []
@@ -84,7 +84,7 @@ def main() -> int:
             runs.append(one_seed(og, run, overrides, seed, tmp))
     mean = lambda k: sum(r[k] for r in runs) / len(runs)  # noqa: E731
     before, after = mean("eval_before"), mean("eval_after")
-    out = {"task": f"reasoning_gym:{spec.task.dataset}", "model": spec.model.path, "backend": "vllm",
+    out = {"task": f"reasoning_gym:{spec.task.options['dataset']}", "model": spec.model.path, "backend": "vllm",
            "reward_fn": spec.nodes["reward"].fn, "seeds": seeds,
            "eval_before": round(before, 4), "eval_after": round(after, 4), "gain": round(after - before, 4),
            "gains": [round(r["eval_after"] - r["eval_before"], 4) for r in runs],

@@ -45,7 +45,7 @@ GRAPH = ROOT / "graphs" / "smollm2_vllm_one_step_off.yaml"
 def load(model: str, dtype: str, extra: list[str]):
     import omnigraph as og
     over = [f"model.path={model}", f"model.dtype={dtype}", "nodes.generate.backend=hf", "nodes.generate.dtype=null",
-            "nodes.generate.lora_serving=adapter",
+            "nodes.generate.options.lora_serving=adapter",
             "nodes.generate.eval_every=0", "checkpoint.every=null"]
     if model == "tiny":
         over += ["task.name=digits", "nodes.reward.fn=nodes.rewards.rules:digits_match"]

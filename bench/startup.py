@@ -51,8 +51,8 @@ def main() -> int:
     record.add_arguments(ap)
     args = ap.parse_args()
     repeats = args.repeats or (2 if args.quick else 3)
-    from nodes import models
-    models.tiny(0)                            # built once, outside every timing
+    from nodes import zoo
+    zoo.tiny(0)                            # built once, outside every timing
     load = os.getloadavg()[0]
     rows = {True: [], False: []}
     with tempfile.TemporaryDirectory(prefix="omnigraph-startup-") as work:

@@ -1,6 +1,6 @@
 """omnigraph vs TRL's ``GRPOTrainer``: the same GRPO job on this CPU, in one run, like for like.
 
-Both sides train the embedded ``tiny`` model (``nodes.models.tiny(0)``, the same weights on
+Both sides train the embedded ``tiny`` model (``nodes.zoo.tiny(0)``, the same weights on
 disk) on the ``digits`` task with the same settings:
 
 - the same prompts, in the same order: step ``i`` uses ``Digits(16, seed=0).batch(i)``
@@ -145,7 +145,7 @@ def run_trl(steps: int, workdir: str) -> dict:
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
-    from nodes import models
+    from nodes import models, zoo
     from nodes.rewards.rules import digits_match
     from nodes.tasks.procedural import Digits
 
@@ -153,7 +153,7 @@ def run_trl(steps: int, workdir: str) -> dict:
     hf_logging.disable_progress_bar()
     torch.set_num_threads(THREADS)
     t0 = time.perf_counter()
-    model, tok = models.load(models.tiny(SEED))
+    model, tok = models.load(zoo.tiny(SEED))
     assert tok.pad_token == "<pad>" and tok.padding_side == "left"
     # omnigraph tokenizes bos + text without other special tokens; TRL calls the tokenizer with its
     # defaults, which add none for this tokenizer: check, so both sides see the same prompt tokens
@@ -314,8 +314,8 @@ def main() -> int:
     if len(os.sched_getaffinity(0)) < THREADS:
         ap.error(f"needs {THREADS} cores (this process may use {len(os.sched_getaffinity(0))})")
 
-    from nodes import models
-    models.tiny(SEED)                       # build the embedded model once, outside every timing
+    from nodes import zoo
+    zoo.tiny(SEED)                       # build the embedded model once, outside every timing
     load = os.getloadavg()[0]
     same = cores(THREADS)
 

@@ -150,8 +150,8 @@ def main() -> int:
     channel_s = channel["transfer_s"]
     from ray_channel import direct_timings
     direct = direct_timings(state, repeats)        # Ray Direct Transport (gloo) and the object store, the same way
-    adapter, _ = run_case(base + lora + ["nodes.generate.lora_serving=adapter"], repeats)
-    merged, _ = run_case(base + lora + ["nodes.generate.lora_serving=merged"], repeats)
+    adapter, _ = run_case(base + lora + ["nodes.generate.options.lora_serving=adapter"], repeats)
+    merged, _ = run_case(base + lora + ["nodes.generate.options.lora_serving=merged"], repeats)
     print(f"{'payload':<16} {'MB':>8} {'export s':>9} {'hand-over s':>12} {'load s':>7} {'sync s':>7} {'GB/s':>6}")
     for name, r in (("full", full), ("lora (adapter)", adapter), ("lora (merged)", merged)):
         print(f"{name:<16} {r['bytes'] / 1e6:8.1f} {r['export_s']:9.3f} {r['handover_s']:12.3f} {r['load_s']:7.3f} "

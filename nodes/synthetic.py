@@ -22,7 +22,9 @@ from __future__ import annotations
 import time
 import zlib
 
-from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
+from pydantic import Field
+
+from omnigraph.sdk import Backend, ConfigError, NodeContext, Options, Prompt, SampleBatch, Weights
 
 from nodes.rollout.partial import Carry
 
@@ -68,6 +70,7 @@ class Generate(SyntheticNode):
         super().__init__(ctx)
         p = getattr(self.options, "partial", None)
         self.carry = None if p is None else Carry(p, self.options.max_new_tokens, ctx.run.iterations)
+        self.ctx_options = ctx.backend_options
 
     def load_weights(self, weights: Weights) -> None:
         pass                                       # a version is all a synthetic policy has
@@ -84,7 +87,7 @@ class Generate(SyntheticNode):
 
     def continue_rows(self, rows, budgets, *, seed, deadline=None, final=None):
         """Rows are ``[group, length, 0, 0, ...]``: the first token a sample draws is its length."""
-        per_token = float(self.options.options.get("cost_per_token", 0.0))
+        per_token = (self.ctx_options or SyntheticGenerateOptions()).cost_per_token
         final = final or [False] * len(rows)
         if deadline is not None and per_token:          # tokens that fit before the deadline
             fit = max(1, int((deadline - time.perf_counter()) / per_token))
@@ -169,3 +172,29 @@ class Sync(SyntheticNode):
     def state(self):
         self.spend()
         return None                                # version-only: nothing for a transport to carry
+
+
+# -- descriptors (registered under omnigraph.backends; this module is light: the compiler reads them)
+
+def _synthetic_generator(node, options, spec) -> list:
+    if options.env is not None:
+        return [ConfigError("multi-turn episodes need a token generator, not synthetic stand-in work",
+                            where=f"nodes.{node}.env", fix="use backend: hf or vllm, or remove env")]
+    return []
+
+
+class SyntheticGenerateOptions(Options):
+    """Options of the synthetic generator (``nodes.<generate>.options``)."""
+
+    cost_per_token: float = Field(0.0, ge=0, le=3600)
+    """Seconds per decode step of a firing's longest row, on top of ``cost`` (partial rollouts: a budget then
+    bounds the firing's time)."""
+
+
+GENERATE_SYNTHETIC = Backend("generate", "nodes.synthetic:Generate", partial=True, options=SyntheticGenerateOptions,
+                             check=_synthetic_generator,
+                             doc="stand-in work of `cost` seconds")
+LOGPROB_SYNTHETIC = Backend("old_logprob", "nodes.synthetic:Logprob", doc="deterministic stand-in")
+REF_LOGPROB_SYNTHETIC = Backend("ref_logprob", "nodes.synthetic:Logprob", doc="deterministic stand-in")
+UPDATE_SYNTHETIC = Backend("update", "nodes.synthetic:Update", doc="stand-in work of `cost` seconds")
+SYNC_SYNTHETIC = Backend("sync", "nodes.synthetic:Sync", doc="the version only")

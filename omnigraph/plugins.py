@@ -25,13 +25,15 @@ omnigraph.errors.GraphError: task.name: unknown task 'digts' (did you mean 'digi
 from __future__ import annotations
 
 import difflib
-import importlib
+import inspect
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import GraphError
-from .sdk import ConfigError, registry
+from pydantic import BaseModel, ValidationError
+
+from .errors import GraphError, GraphErrors
+from .sdk import ConfigError, options_model, registry
 
 GROUPS = {"backends": "backend", "tasks": "task", "rewards": "reward function", "models": "model",
           "environments": "environment", "loggers": "logger", "transports": "weights transport"}
@@ -100,18 +102,15 @@ def backend(kind: str, name: str, where: str | None = None):
 
 
 def load_dotted(dotted: str, where: str | None = None) -> Any:
-    """``package.module:attr`` -> the attribute; a clear GraphError if it cannot be found."""
-    mod, sep, attr = dotted.partition(":")
-    if not sep or not mod or not attr:
-        raise GraphError(f"'{dotted}' is not a dotted path", where=where, fix="write it as package.module:name")
+    """``package.module:attr`` -> the attribute (:func:`omnigraph.sdk.registry.load_dotted`); a GraphError naming
+    ``where`` and the fix if it cannot be found."""
     try:
-        module = importlib.import_module(mod)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
-        raise GraphError(f"cannot import module '{mod}': {type(e).__name__}: {e}", where=where,
-                         fix="check the module name and that it is importable from the current directory") from None
-    if not hasattr(module, attr):
-        raise GraphError(f"module '{mod}' has no attribute '{attr}'", where=where, fix="check the name after ':'")
-    return getattr(module, attr)
+        return registry.load_dotted(dotted)
+    except LookupError as e:
+        fix = ("write it as package.module:name" if "not a dotted path" in str(e) else
+               "check the name after ':'" if "has no attribute" in str(e) else
+               "check the module name and that it is importable from the current directory")
+        raise GraphError(str(e), where=where, fix=fix) from None
 
 
 def named_or_dotted(group: str, ref: str, where: str | None = None) -> Any:
@@ -135,26 +134,115 @@ def model_dir(path: str, seed: int = 0, log: Callable[[str], None] = print) -> P
     return p
 
 
-DATA_FIELDS = ("prompt", "answer", "split", "eval_split", "shuffle_seed", "epochs", "max_prompt_tokens", "on_long",
-               "chat", "system")
+
+def task_factory(spec) -> tuple[str, Any, str]:
+    """``(name, factory, field)`` of the graph's task: ``task.name``; with ``task.source``, the task of that name
+    where one is registered (``reasoning_gym``), else the task ``task.reader`` names (files and folders)."""
+    t = spec.task
+    if t.source is None:
+        ref, where = t.name, "task.name"
+    elif has("tasks", t.source):
+        ref, where = t.source, "task.source"
+    else:
+        ref, where = t.reader, "task.reader"
+    return ref, named_or_dotted("tasks", ref, where=where), where
+
+
+def task_arguments(spec, factory, ref: str, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """The keyword arguments of the task's factory beyond the stream's (``prompts``, ``seed``,
+    ``eval_prompts``): its options, validated and typed; with a source, the data fields set in the graph, the
+    source and the model (for prompt lengths in its tokens), each where the factory takes it."""
+    t = spec.task
+    opts, errors = typed_options(factory, t.options, "task.options", kind=f"task {ref}", call=factory)
+    if errors:
+        raise errors[0] if len(errors) == 1 else GraphErrors(errors)
+    kwargs = {k: getattr(opts, k) for k in type(opts).model_fields} if isinstance(opts, BaseModel) else dict(opts)
+    if t.source is None:
+        return kwargs
+    takes = _keywords(factory)
+    for f in t.changed(t.DATA_FIELDS):
+        if f not in takes and takes != ["**"]:
+            raise GraphError(f"task.{f} does not apply to task '{ref}'", where=f"task.{f}",
+                             fix=f"remove it ('{ref}' takes {', '.join(k for k in takes if k in t.DATA_FIELDS) or 'none of them'})")
+        kwargs[f] = getattr(t, f)
+    given = {"source": t.source, "model_name": spec.model.path,
+             "model_dir": lambda: model_dir(spec.model.path, spec.model.seed, log=log)}
+    kwargs.update({k: v for k, v in given.items() if k in takes or takes == ["**"]})
+    return kwargs
 
 
 def make_task(spec, log: Callable[[str], None] = lambda _: None) -> Any:
-    """The task (prompt source) of the graph: a registered or dotted factory (``task.name``), or prompts from
-    data (``task.source``: the registered ``dataset`` task for files, ``reasoning_gym`` for that source)."""
+    """The task (prompt source) of the graph (:func:`task_factory`), built with :func:`task_arguments`."""
     t = spec.task
-    if t.source is None:
-        factory = named_or_dotted("tasks", t.name, where="task.name")
-        return factory(prompts=t.prompts, seed=t.seed, eval_prompts=t.eval_prompts, **t.options)
-    if t.source == "reasoning_gym":
-        factory = load("tasks", "reasoning_gym", where="task.source")
-        kwargs = {"dataset": t.dataset, "config": t.config, "fewshot": t.fewshot, "fewshot_answer": t.fewshot_answer}
-    else:
-        factory = load("tasks", "dataset", where="task.source")
-        kwargs = {"source": t.source, "model_name": spec.model.path,
-                  "model_dir": lambda: model_dir(spec.model.path, spec.model.seed, log=log)}
-    fields = {f: getattr(t, f) for f in (DATA_FIELDS if t.source != "reasoning_gym" else t.changed(DATA_FIELDS))}
+    ref, factory, where = task_factory(spec)
+    kwargs = task_arguments(spec, factory, ref, log)
     try:
-        return factory(prompts=t.prompts, seed=t.seed, eval_prompts=t.eval_prompts, **fields, **kwargs, **t.options)
+        return factory(prompts=t.prompts, seed=t.seed, eval_prompts=t.eval_prompts, **kwargs)
     except ConfigError as e:
-        raise GraphError(e.message, where=e.where or "task.source", fix=e.fix) from None
+        raise GraphError(e.message, where=e.where or where, fix=e.fix) from None
+
+def typed_options(plugin: Any, raw: dict | None, where: str, *, kind: str = "plugin",
+                  call: Callable | None = None, passed: frozenset = frozenset({"prompts", "seed", "eval_prompts"})
+                  ) -> tuple[Any, list[GraphError]]:
+    """``raw`` (a graph's ``options:`` mapping) validated against the options model ``plugin`` declares
+    (:func:`omnigraph.sdk.options_model`): ``(the model instance, [])``, or ``(None, errors)`` naming each field
+    (``where.<field>``) and the fix; an unknown key gets the closest known one. A plugin that declares no model
+    takes the keyword arguments of ``call`` (its factory; checked by name), or none at all."""
+    raw = dict(raw or {})
+    model = options_model(plugin)
+    if model is None:
+        known = _keywords(call, passed) if call is not None else []
+        bad = [k for k in raw if k not in known] if known != ["**"] else []
+        errors = [_unknown_option(k, known, where, kind) for k in bad]
+        return (None if errors else raw), errors
+    try:
+        return model.model_validate(raw), []
+    except ValidationError as e:
+        out = []
+        for err in e.errors()[:8]:
+            loc = tuple(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                out.append(_unknown_option(loc[-1], _fields_at(model, loc[:-1]), where + "".join(f".{p}" for p in loc[:-1]),
+                                           kind))
+            else:
+                at = where + "".join(f".{p}" for p in loc)
+                doc = _doc_of(model, loc)
+                out.append(GraphError(err["msg"].removeprefix("Value error, "), where=at,
+                                      fix=f"see {kind} option '{loc[-1] if loc else where}'" + (f": {doc}" if doc else "")))
+        return None, out
+
+
+def _unknown_option(key: str, known: list[str], where: str, kind: str) -> GraphError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    listing = ", ".join(known) if known else "it takes none"
+    return GraphError(f"unknown {kind} option '{key}' ({hint}known: {listing})", where=f"{where}.{key}",
+                      fix=f"use '{close[0]}'" if close else ("remove it" if not known else f"use one of: {listing}"))
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the (nested) options model at ``loc``."""
+    for part in loc:
+        field = model.model_fields.get(part)
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return list(model.model_fields)
+
+
+def _doc_of(model: type[BaseModel], loc: tuple) -> str:
+    field = model.model_fields.get(loc[0]) if loc else None
+    return (field.description or "") if field is not None else ""
+
+
+def _keywords(call: Callable, passed: frozenset = frozenset({"prompts", "seed", "eval_prompts"})) -> list[str]:
+    """The keyword parameters ``call`` accepts beyond ``passed``, what its caller passes itself (``["**"]``: any)."""
+    try:
+        params = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):
+        return ["**"]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return ["**"]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in passed
+            and p.name != "self"]

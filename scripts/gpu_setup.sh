@@ -51,8 +51,8 @@ find "$WORK/site/ray/core" -type f -perm -u=r ! -name "*.py" -exec chmod 755 {} 
 
 # The embedded tiny model, built here once (its warm-start takes a while): the GPU machine copies it
 # into its $OMNIGRAPH_CACHE instead of building it in every run
-"$PY" -c "from nodes import models; models.tiny(0)" >/dev/null
-tiny=$("$PY" -c "from nodes import models; print(models.tiny(0, log=lambda *a: None))")
+"$PY" -c "from nodes import zoo; zoo.tiny(0)" >/dev/null
+tiny=$("$PY" -c "from nodes import zoo; print(zoo.tiny(0, log=lambda *a: None))")
 rm -rf "$OUT/cache" && mkdir -p "$OUT/cache/models" && cp -r "$tiny" "$OUT/cache/models/"
 
 mkdir -p "$OUT"

@@ -134,7 +134,7 @@ class TestReasoningGym:
         spec = og.load(RG_GRAPH)
         t = plugins.make_task(spec)
         fn, lenient = plugins.load("rewards", "reasoning_gym"), plugins.load("rewards", "reasoning_gym_lenient")
-        ds = rg.create_dataset(spec.task.dataset, size=1000, seed=0, **spec.task.config)
+        ds = rg.create_dataset(spec.task.options["dataset"], size=1000, seed=0, **spec.task.options["config"])
         lenient_above = 0
         for p in t.batch(3)[:4]:
             answer = p.meta["target"]
@@ -150,7 +150,7 @@ class TestReasoningGym:
         assert lenient_above > 0                                         # the lenient one credits untagged replies
 
     def test_fewshot_examples_come_before_each_question_and_are_never_trained_or_evaluated(self):
-        spec = og.load(RG_GRAPH, ["task.fewshot=2", "task.fewshot_answer='<answer>{answer}</answer>'",
+        spec = og.load(RG_GRAPH, ["task.options.fewshot=2", "task.options.fewshot_answer='<answer>{answer}</answer>'",
                                   "task.system=Be brief."])
         t = plugins.make_task(spec)
         p = t.batch(0)[0]
@@ -164,17 +164,18 @@ class TestReasoningGym:
         assert "2 solved example(s) before each question" in str(og.compile(spec))
 
     def test_a_fewshot_template_over_a_missing_field_and_fewshot_on_files_are_refused(self):
-        with pytest.raises(og.GraphError, match=r"task.fewshot_answer: the template names 'solution'"):
-            og.compile(RG_GRAPH, overrides=["task.fewshot=1", "task.fewshot_answer='{solution}'"])
-        with pytest.raises(og.GraphError, match="task.fewshot apply to source: reasoning_gym only"):
-            og.compile(DATA_GRAPH, overrides=["task.fewshot=1"])
+        with pytest.raises(og.GraphError, match=r"task.options.fewshot_answer: the template names 'solution'"):
+            og.compile(RG_GRAPH, overrides=["task.options.fewshot=1", "task.options.fewshot_answer='{solution}'"])
+        with pytest.raises(og.GraphError, match=r"task.options.fewshot: unknown task dataset option 'fewshot' "
+                                                r"\(known: it takes none\)"):
+            og.compile(DATA_GRAPH, overrides=["task.options.fewshot=1"])
 
     def test_an_unknown_dataset_suggests_the_closest_and_a_bad_config_names_the_field(self):
-        with pytest.raises(og.GraphError, match="task.dataset: reasoning-gym has no dataset 'chain_summ' "
+        with pytest.raises(og.GraphError, match="task.options.dataset: reasoning-gym has no dataset 'chain_summ' "
                                                 "\\(did you mean 'chain_sum'"):
-            og.compile(RG_GRAPH, overrides=["task.dataset=chain_summ"])
-        with pytest.raises(og.GraphError, match="task.config: reasoning-gym rejected the configuration"):
-            og.compile(RG_GRAPH, overrides=["task.config={min_terms: 5, max_terms: 2}"])
+            og.compile(RG_GRAPH, overrides=["task.options.dataset=chain_summ"])
+        with pytest.raises(og.GraphError, match="task.options.config: reasoning-gym rejected the configuration"):
+            og.compile(RG_GRAPH, overrides=["task.options.config={min_terms: 5, max_terms: 2}"])
 
 
 class TestVerifiers:
@@ -240,7 +241,7 @@ def test_the_reasoning_gym_graph_trains_end_to_end(tmp_path):
     questions from reasoning-gym with the solved example, scored by the dataset's own score_answer, greedy
     eval on held-out questions at the first and last step, the adapters updated. (That it learns is what
     bench/learn.py measures: 18 steps of 24 samples.)"""
-    over = ["runtime.executor=local", "nodes.generate.backend=hf", "nodes.generate.lora_serving=adapter",
+    over = ["runtime.executor=local", "nodes.generate.backend=hf", "nodes.generate.options.lora_serving=adapter",
             "task.prompts=2", "task.samples_per_prompt=2", "task.eval_prompts=4", "schedule.iterations=3",
             "nodes.generate.eval_every=2", "checkpoint.every=null"]
     res = run(og.compile(RG_GRAPH, overrides=over), run_dir=tmp_path, progress=False)

@@ -9,7 +9,7 @@ import omnigraph as og
 from omnigraph.errors import GraphError
 
 from nodes.rollout import decode as D
-from nodes.trainer.losses import token_logprobs
+from nodes.models.tokens import token_logprobs
 
 from conftest import GRAPHS
 
@@ -98,27 +98,34 @@ class TestTheDecodeLoop:
 class TestTheOption:
     def test_auto_decodes_eagerly_on_the_cpu(self):
         from omnigraph.testing import build_node
-        spec = og.load(GRAPHS / "grpo_one_step_off.yaml", ["schedule.iterations=2"])
-        assert spec.nodes["generate"].decode.mode == "auto"
-        gen, _ = build_node(spec, "generate")
+        plan = og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["schedule.iterations=2"])
+        assert plan.graph.nodes["generate"].backend_options.decode.mode == "auto"
+        gen, _ = build_node(plan.graph.spec, "generate")
         assert gen.decoder is None
 
     def test_a_word_is_the_mode(self):
-        spec = og.load(GRAPHS / "grpo_one_step_off.yaml", ["nodes.generate.decode=eager"])
-        assert (spec.nodes["generate"].decode.mode, spec.nodes["generate"].decode.prompt_len) == ("eager", 64)
+        plan = og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["nodes.generate.options.decode=eager"])
+        decode = plan.graph.nodes["generate"].backend_options.decode
+        assert (decode.mode, decode.prompt_len) == ("eager", 64)
 
     def test_static_on_a_pool_without_gpus_is_refused_with_the_fix(self):
-        with pytest.raises(GraphError, match=r"nodes\.generate\.decode: decode: static compiles the decode step for "
-                                             r"CUDA, but pool 'rollout' has no GPU \(fix: use decode: auto"):
-            og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["nodes.generate.decode=static"])
+        with pytest.raises(GraphError, match=r"nodes\.generate\.options\.decode: decode: static compiles the decode "
+                                             r"step for CUDA, but pool 'rollout' has no GPU \(fix: use decode: auto"):
+            og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["nodes.generate.options.decode=static"])
 
     def test_static_is_checked_against_the_pool_so_a_gpu_graph_passes_on_a_cpu_machine(self):
-        og.compile(GRAPHS / "gpu" / "grpo_one_step_off.yaml", overrides=["nodes.generate.decode=static"])
+        og.compile(GRAPHS / "gpu" / "grpo_one_step_off.yaml", overrides=["nodes.generate.options.decode=static"])
 
-    def test_decode_on_another_backend_is_refused(self):
-        with pytest.raises(GraphError, match=r"nodes\.generate\.decode: decode is a backend hf option"):
+    def test_decode_on_another_backend_is_an_unknown_option_of_that_backend(self):
+        with pytest.raises(GraphError, match=r"nodes\.generate\.options\.decode: unknown generate backend synthetic "
+                                             r"option 'decode' \(known: it takes none\)"):
             og.compile(GRAPHS / "grpo_one_step_off.yaml",
-                       overrides=["nodes.generate.backend=synthetic", "nodes.generate.decode=eager"])
+                       overrides=["nodes.generate.backend=synthetic", "nodes.generate.options.decode=eager"])
+
+    def test_a_misspelt_option_gets_the_closest_known_one(self):
+        with pytest.raises(GraphError, match=r"nodes\.generate\.options\.decod: unknown generate backend hf option "
+                                             r"'decod' \(did you mean 'decode'\?"):
+            og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["nodes.generate.options.decod=eager"])
 
 
 class TestGroupedQueryAttention:

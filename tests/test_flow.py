@@ -133,7 +133,7 @@ def test_async_graph_proves_its_bound_and_shows_the_transfer_before_the_next_gen
 
 @pytest.mark.parametrize("override, field, words", [
     ("nodes.generate.eval_every=5", "nodes.generate.eval_every", "no greedy evaluation"),
-    ("nodes.generate.options.stepz=3", "nodes.generate.options.stepz", "unknown flow generator option"),
+    ("nodes.generate.options.stepz=3", "nodes.generate.options.stepz", "unknown generate backend flow option 'stepz' (did you mean 'steps'?"),
     ("nodes.reward.fn=nodes.diffusion.flowgrpo:nowhere", "nodes.reward.fn", ""),
 ])
 def test_check_names_the_field_of_a_bad_flow_graph(override, field, words):

@@ -110,7 +110,7 @@ def test_ray_places_both_pools_on_one_gpu_and_the_reward_rises(tmp_path):
 def test_static_decoding_compiles_once_at_start_and_samples_with_the_models_logprobs():
     """The compiled step sees weights loaded in place, its logprobs are the model's (a teacher-forced forward of
     the same tokens), and neither shorter prompts nor a greedy evaluation compile again."""
-    from nodes.trainer.losses import token_logprobs
+    from nodes.models.tokens import token_logprobs
     spec = og.load(GPU_GRAPH, ["nodes.generate.max_new_tokens=24"])
     gen, ctx = build_node(spec, "generate")
     assert gen.decoder is not None and ctx.metrics["decode_compile_s"] > 0 and len(gen.decoder.compiles) == 1

@@ -47,7 +47,7 @@ def test_auto_lends_only_when_the_trainer_is_idle_long_enough():
     (["schedule.mode=sync", "edges=[generate -> reward, reward -> old_logprob, old_logprob -> update, "
       "update -> sync, sync -> generate]", "schedule.max_staleness=0"], "sync schedule"),
     (["pools.rollout.actors=2"], "one rollout actor"),
-    (["nodes.generate.backend=synthetic", "nodes.generate.cost=1"], "backend hf"),
+    (["nodes.generate.backend=synthetic", "nodes.generate.cost=1"], "cannot run as a lent copy"),
 ])
 def test_lending_where_it_cannot_be_done_is_one_message(capsys, override, words):
     capsys.readouterr()

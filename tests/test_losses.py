@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from nodes.trainer.losses import policy_loss, token_logprobs
+from nodes.models.tokens import token_logprobs
+from nodes.trainer.losses import policy_loss
 from nodes.rewards.scorer import grpo_advantages
 
 

@@ -9,7 +9,7 @@ from omnigraph.graph.spec import LoraSpec
 from omnigraph.testing import build_node, prompts
 
 from conftest import GRAPHS
-from nodes import models
+from nodes import models, zoo
 from nodes.models.prefix import position_ids
 from nodes.models.prefix import completion_logits, groups
 
@@ -60,7 +60,7 @@ def _batch(tok, samples: int, seed: int = 0):
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_shared_prompt_forward_gives_the_plain_logits_and_gradients(lora):
-    model, tok = models.load(models.tiny(0), "float32", "cpu")
+    model, tok = models.load(zoo.tiny(0), "float32", "cpu")
     if lora:
         model = models.with_lora(model, LoraSpec(r=4, alpha=8))
     model.train()
@@ -150,7 +150,7 @@ def test_short_and_long_completions_split_into_two_forwards_with_the_same_gradie
     from omnigraph.sdk import SampleBatch
     spec = og.load(GRAPHS / "grpo_sync.yaml")
     pol = build_node(spec, "update", shared={})[0].policy
-    _, tok = models.load(models.tiny(0), "float32", "cpu")
+    _, tok = models.load(zoo.tiny(0), "float32", "cpu")
     ids, mask, P = _batch(tok, samples=16, seed=3)
     C = ids.shape[1] - P
     mask[:, P + 2:] = 0                              # every completion 2 tokens or fewer...

@@ -216,7 +216,7 @@ def test_lora_merged_serving_matches_transformers_and_peft():
     """``lora_serving: merged``: adapter tensors arrive, the rollout merges them into its base
     weights and reloads only the adapted layers; the engine runs without LoRA kernels."""
     spec, sync, gen = make(["nodes.update.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, up_proj]}",
-                            "nodes.sync.payload=lora", "nodes.generate.lora_serving=merged",
+                            "nodes.sync.payload=lora", "nodes.generate.options.lora_serving=merged",
                             "nodes.generate.max_new_tokens=12"])
     try:
         pol = sync.policy

@@ -37,7 +37,7 @@ AMX = torch.cpu._is_amx_tile_supported()
 NO_AMX = "sgl-kernel's refilled layout (packed_weights) is used only on CPUs with AMX"
 LORA = ["nodes.update.lora={r: 4, alpha: 8}", "nodes.sync.payload=lora"]
 PAYLOADS = {"full": ["nodes.sync.payload=full"], "delta": ["nodes.sync.payload=delta"],
-            "lora-merged": [*LORA, "nodes.generate.lora_serving=merged"], "lora": [*LORA, "nodes.generate.lora_serving=adapter"]}
+            "lora-merged": [*LORA, "nodes.generate.options.lora_serving=merged"], "lora": [*LORA, "nodes.generate.options.lora_serving=adapter"]}
 
 
 def build(backend: str, payload: str, dtype: str):

@@ -27,14 +27,10 @@ import torch
 
 from omnigraph.sdk import ConfigError, NodeContext, Prompt, SampleBatch, Weights, WeightsState, load
 
-from nodes.diffusion import flow, model as flow_model
+from nodes.diffusion import SamplerOptions, UpdateOptions, flow, model as flow_model
 from nodes import models
 from nodes.trainer.policy import micro
 from nodes.rewards.scorer import grpo_advantages
-
-
-def _opt(ctx: NodeContext, name: str, default):
-    return type(default)(ctx.options.options.get(name, default))
 
 
 def with_lora(net, lora):
@@ -85,9 +81,9 @@ class Generate:
         self.ctx = ctx
         net, self.config = flow_model.load(ctx.model.dir, ctx.device)
         self.net = with_lora(net, ctx.policy.lora).eval()       # adapters the trainer's, loaded at each sync
-        self.steps = _opt(ctx, "steps", 10)
-        self.noise_level = _opt(ctx, "noise_level", 0.7)
-        self.ts = flow.timesteps(self.steps, _opt(ctx, "shift", 1.0))
+        opts = ctx.backend_options or SamplerOptions()
+        self.steps, self.noise_level = opts.steps, opts.noise_level
+        self.ts = flow.timesteps(self.steps, opts.shift)
         self.version = 0
         self.pictures: dict[str, tuple[int, torch.Tensor]] = {}
 
@@ -203,8 +199,8 @@ class Update:
     def __init__(self, ctx: NodeContext):
         self.ctx, self.options = ctx, ctx.options
         self.policy = FlowPolicy.of(ctx)
-        self.fraction = _opt(ctx, "timestep_fraction", 0.6)
-        self.adv_clip = _opt(ctx, "adv_clip", 5.0)
+        opts = ctx.backend_options or UpdateOptions()
+        self.fraction, self.adv_clip = opts.timestep_fraction, opts.adv_clip
 
     def train(self, step: int, batch: SampleBatch) -> None:
         s, pol = self.options, self.policy
@@ -295,19 +291,3 @@ class Sync:
             else:
                 self._tensors = self.policy.net.state_dict()
         return WeightsState(self._tensors, self.payload, None)
-
-
-class CentredDiscs:
-    """The task of the embedded image model: ``prompts`` prompt groups per step, all asking for a centred disc
-    (an unconditional model: the group is what GRPO normalises over)."""
-
-    chat = False
-
-    def __init__(self, prompts: int, seed: int = 0, eval_prompts: int = 0):
-        self.prompts = prompts
-
-    def batch(self, step: int) -> list[Prompt]:
-        return [Prompt("a disc in the middle of the frame") for _ in range(self.prompts)]
-
-    def eval_set(self) -> list[Prompt]:
-        return []

@@ -35,7 +35,9 @@ import random
 import re
 import zlib
 
-from omnigraph.sdk import Environment, EnvStep, Prompt
+from pydantic import Field
+
+from omnigraph.sdk import EnvStep, Environment, Options, Prompt
 
 from nodes.rewards.rules import digits_match
 
@@ -68,6 +70,14 @@ def _show(x: float) -> str:
 
 
 class CopyChain(Environment):
+    class Options(Options):
+        """``env.options`` of ``copy_chain``."""
+
+        rounds: int = Field(2, ge=1, le=1000)
+        """Numbers to copy per episode: after each answer the environment asks for a new one."""
+        latency_s: float = Field(0.0, ge=0, le=3600)
+        """Seconds each environment step waits first (a modelled slow tool)."""
+
     def __init__(self, prompt: Prompt, rounds: int = 2, latency_s: float = 0.0):
         super().__init__(prompt)
         self.target, self.rounds, self.latency_s = prompt.meta["target"], rounds, latency_s
@@ -87,6 +97,12 @@ class CopyChain(Environment):
 
 class Calculator(Environment):
     role = "user"
+
+    class Options(Options):
+        """``env.options`` of ``calculator``."""
+
+        latency_s: float = Field(0.0, ge=0, le=3600)
+        """Seconds each environment step waits first (a modelled slow tool)."""
 
     def __init__(self, prompt: Prompt, latency_s: float = 0.0):
         super().__init__(prompt)

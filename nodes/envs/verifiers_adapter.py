@@ -39,7 +39,7 @@ import signal
 import threading
 from typing import Any
 
-from omnigraph.sdk import ConfigError, Environment, EnvStep, Prompt, load
+from omnigraph.sdk import ConfigError, Environment, EnvStep, Options, Prompt, load
 
 WHERE = "nodes.<generate>.env.options.env"
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -132,6 +132,14 @@ def _text(content: Any) -> str:
 
 class VerifiersEnv(Environment):
     role = "user"
+
+    class Options(Options):
+        """``env.options`` of ``verifiers``."""
+
+        env: str | None = None
+        """A ``verifiers.load_environment`` id or ``package.module:attr`` of an environment."""
+        env_args: dict[str, Any] = {}
+        """Keyword arguments of the environment (plain values: numbers, strings, lists, mappings)."""
 
     def __init__(self, prompt: Prompt, env: str | None = None, env_args: dict[str, Any] | None = None):
         super().__init__(prompt, env=env, env_args=env_args)

@@ -4,7 +4,7 @@
 
     score: {kind: reward, pool: rm, model: tiny-rm, gold: digits_match, micro_batch_size: 128}
 
-``model`` is a registered model (``tiny-rm``, :mod:`nodes.models.tiny_rm`) or a local
+``model`` is a registered model (``tiny-rm``, :mod:`nodes.zoo.tiny_rm`) or a local
 Hugging Face folder saved from ``AutoModelForSequenceClassification`` with one
 label; setting it selects this backend (``fn`` and ``model`` are exclusive,
 checked when the graph is compiled). The node loads the model once on its

@@ -41,7 +41,7 @@ from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
 
 from nodes.rollout.episodes import Episodes
 from nodes.rollout.partial import Carry, Group
-from nodes.rollout.prompting import encode
+from nodes.tasks.prompting import encode
 
 
 def step_seed(seed: int, step: int, rank: int, salt: str = "gen") -> int:
@@ -165,7 +165,7 @@ class Rollout:
                 "target": [p.meta.get("target", "") for p in prompts], "meta": metas, "version": self.version}
 
     def encode(self, prompt: Prompt) -> list[int]:
-        """The prompt's token ids, the same on every backend (:func:`nodes.rollout.prompting.encode`)."""
+        """The prompt's token ids, the same on every backend (:func:`nodes.tasks.prompting.encode`)."""
         return encode(self.tok, prompt, self.ctx.model.name)
 
     def stop_ids(self) -> list[int]:

@@ -45,7 +45,7 @@ from typing import Callable
 
 import torch
 
-from nodes.trainer.losses import token_logprobs
+from nodes.models.tokens import token_logprobs
 
 LEAST = 32           # the smallest prompt bucket
 CHECK_EVERY = 8      # decode steps between checks that every row has stopped (each check waits for the GPU)

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from omnigraph.sdk import ConfigError, EnvStep, Prompt, load
+from omnigraph.sdk import ConfigError, EnvStep, Prompt, load, options_model
 
-from nodes.rollout.prompting import messages
+from nodes.tasks.prompting import messages
 
 
 def environment_class(name: str):
@@ -108,6 +108,8 @@ class Episodes:
         self.rollout, self.tok = rollout, rollout.tok
         self.spec = rollout.options.env
         self.cls = environment_class(self.spec.name)
+        model = options_model(self.cls)             # the environment's options, typed where it declares them
+        self.env_kwargs = dict(model.model_validate(self.spec.options)) if model else dict(self.spec.options)
         self.role = getattr(self.cls, "role", "user")
         self.loop = EventLoop()
         self.stats: dict[str, float] = {}
@@ -171,7 +173,7 @@ class Episodes:
             for _ in range(n):
                 ids = r.encode(p)
                 chat = messages(p) if (p.chat or p.messages) else None
-                eps.append(Episode(p, self.cls(p, **spec.options), ids, len(ids), chat))
+                eps.append(Episode(p, self.cls(p, **self.env_kwargs), ids, len(ids), chat))
         t_start = time.perf_counter()
         waited = 0.0
         for f in [self.loop.submit(e.env.reset) for e in eps if hasattr(e.env, "reset")]:

@@ -28,8 +28,9 @@ from transformers import StoppingCriteria
 from omnigraph.sdk import ConfigError, NodeContext, Weights, copy_into
 
 from nodes import models
+from nodes.rollout import HfOptions
 from nodes.rollout.decode import StaticDecoder, bucket, use_gqa
-from nodes.trainer.losses import token_logprobs
+from nodes.models.tokens import token_logprobs
 from nodes.models.prefix import prefill
 from nodes.rollout.base import Rollout
 
@@ -89,16 +90,18 @@ class Generate(Rollout):
 
     def _static_decoder(self) -> StaticDecoder | None:
         """``decode: static`` (``auto`` on CUDA): the compiled decode step, compiled here, in the start-up."""
-        opt, ctx = getattr(self.options, "decode", None), self.ctx
-        mode = opt.mode if opt is not None else "auto"
+        ctx = self.ctx
+        opt = (ctx.backend_options or HfOptions()).decode
+        mode = opt.mode
         if mode == "eager" or (mode == "auto" and torch.device(self.device).type != "cuda"):
             return None
         if torch.device(self.device).type != "cuda":
             raise ConfigError(f"decode: static compiles the decode step for CUDA; this rollout runs on {self.device}",
-                              where=f"nodes.{ctx.name}.decode", fix="use decode: auto or eager, or give the pool gpus")
+                              where=f"nodes.{ctx.name}.options.decode",
+                              fix="use decode: auto or eager, or give the pool gpus")
         B = -(-ctx.run.prompts // ctx.world) * ctx.run.samples_per_prompt
         dec = StaticDecoder(self.model, B, self.options.max_new_tokens, self.tok.pad_token_id)
-        P = bucket(opt.prompt_len if opt is not None else 64)
+        P = bucket(opt.prompt_len)
         print(f"{ctx.name}: compiling the decode step for B={B}, prompts up to {P} tokens + "
               f"{self.options.max_new_tokens} new ...", flush=True)
         s = dec.warm_up(P)

@@ -53,6 +53,7 @@ from transformers import AutoTokenizer
 from omnigraph.sdk import NodeContext, Weights
 
 from nodes import models
+from nodes.rollout import VllmOptions
 from nodes.rollout.base import Rollout
 from nodes.rollout.vllm_weights import shm_dir, write_safetensors
 
@@ -166,10 +167,11 @@ class VllmGenerate(Rollout):
             self.tok.pad_token = self.tok.eos_token
         self.lora = ctx.policy.lora
         self.lora_request = None
-        self.merged = self.lora is not None and spec.lora_serving == "merged"
+        self.settings = ctx.backend_options or VllmOptions()
+        self.merged = self.lora is not None and self.settings.lora_serving == "merged"
         self.dtype = spec.dtype or ctx.model.dtype
         # sgl-kernel's refilled layout on AMX CPUs (nodes.rollout.vllm_weights): off unless asked, see there why
-        self.packed = bool(spec.options.get("packed_weights", False))
+        self.packed = self.settings.packed_weights
         self.stops = self.stop_ids()
 
         os.environ.update(engine_env())
@@ -187,7 +189,7 @@ class VllmGenerate(Rollout):
         if self.lora is not None and not self.merged:
             kwargs.update(enable_lora=True, max_lora_rank=lora_rank(self.lora.r), max_loras=1)
         print(f"{name}: starting the vLLM engine ({self.path.name}, {self.dtype}"
-              f"{', LoRA ' + spec.lora_serving if self.lora else ''})", flush=True)
+              f"{', LoRA ' + self.settings.lora_serving if self.lora else ''})", flush=True)
         self.llm = LLM(**{**kwargs, **self.engine_args})
         self.ctx.log(engine_start_s=time.perf_counter() - t0)
         print(f"{name}: vLLM engine ready in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -31,9 +31,9 @@ import string
 from pathlib import Path
 from typing import Any, Callable
 
-from omnigraph.sdk import ConfigError, Prompt
+from omnigraph.sdk import ConfigError, Options, Prompt
 
-from nodes.rollout.prompting import encode
+from nodes.tasks.prompting import encode
 
 FILE_TYPES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _SPLIT = re.compile(r"^([A-Za-z0-9_.\-]+)(?:\[\s*(-?\d+%?)?\s*:\s*(-?\d+%?)?\s*\])?$")
@@ -134,17 +134,17 @@ def _is_messages(value: Any) -> bool:
 
 
 class DataTask:
-    """A task over rows of data (the ``dataset`` task; ``task.source`` set to a path)."""
+    """A task over rows of data (the ``dataset`` task; ``task.source`` set to a path). It takes the graph's data
+    fields (``task.prompt``, ``answer``, ``split``, ...) and no options of its own."""
+
+    class Options(Options):
+        """``dataset`` takes no ``task.options``: its settings are the task's data fields."""
 
     def __init__(self, prompts: int, seed: int = 0, eval_prompts: int = 64, *, source: str,
                  prompt: str = "prompt", answer: str | None = "answer", split: str = "train",
                  eval_split: str | None = None, shuffle_seed: int | None = 0, epochs: int | None = None,
                  max_prompt_tokens: int | None = None, on_long: str = "filter", chat: bool = False,
-                 system: str | None = None, model_dir: Callable[[], Path] | None = None, model_name: str = "",
-                 **unknown: Any):
-        if unknown:
-            raise ConfigError(f"unknown option '{next(iter(unknown))}' for prompts from data", where="task.options",
-                              fix="see the task fields in docs (source, prompt, answer, split, ...)")
+                 system: str | None = None, model_dir: Callable[[], Path] | None = None, model_name: str = ""):
         self.prompts, self.seed, self.eval_prompts = prompts, seed, eval_prompts
         self.shuffle_seed, self.epochs = shuffle_seed, epochs
         self.chat, self.system = chat, system

@@ -23,7 +23,9 @@ from __future__ import annotations
 import random
 import zlib
 
-from omnigraph.sdk import Prompt
+from pydantic import Field
+
+from omnigraph.sdk import Options, Prompt
 
 
 class Task:
@@ -62,6 +64,20 @@ class Digits(Task):
     ['129', '4352532', '3392', '128', '1718', '1015']
     """
 
+    class Options(Options):
+        """``task.options`` of ``digits``."""
+
+        min_len: int = Field(3, ge=1, le=1000)
+        """Fewest digits of a number."""
+        max_len: int = Field(4, ge=1, le=1000)
+        """Most digits of a number (the long tail aside)."""
+        eval_every: int = Field(10, ge=2, le=1_000_000)
+        """One number in this many (by a hash of it) is held out: the eval split."""
+        long_share: float = Field(0.0, ge=0, le=1)
+        """The share of numbers drawn long instead, ``max_len + 1 .. long_len`` digits."""
+        long_len: int = Field(30, ge=1, le=1000)
+        """Most digits of a long number."""
+
     def __init__(self, prompts: int, seed: int = 0, min_len: int = 3, max_len: int = 4,
                  eval_prompts: int = 64, eval_every: int = 10, long_share: float = 0.0, long_len: int = 30):
         self.prompts = prompts
@@ -97,6 +113,14 @@ class Arithmetic(Task):
     chat = True
     SYSTEM = "You are a helpful assistant. You answer arithmetic questions correctly."
 
+    class Options(Options):
+        """``task.options`` of ``arithmetic``."""
+
+        max_operand: int = Field(20, ge=1, le=10**9)
+        """Operands are drawn from ``1..max_operand``."""
+        eval_every: int = Field(10, ge=2, le=1_000_000)
+        """One pair in this many (by a hash of it) is held out: the eval split."""
+
     def __init__(self, prompts: int, seed: int = 0, max_operand: int = 20, eval_prompts: int = 64,
                  eval_every: int = 10):
         self.prompts, self.seed, self.max_operand = prompts, seed, max_operand
@@ -131,6 +155,14 @@ class Multiply(Task):
               "Then give the final answer as <answer>number</answer>.")
     SHOT = [{"role": "user", "content": "What is 12 * 34?"}, {"role": "assistant", "content": "<calc>12 * 34</calc>"},
             {"role": "user", "content": "<result>408</result>"}, {"role": "assistant", "content": "<answer>408</answer>"}]
+
+    class Options(Options):
+        """``task.options`` of ``multiply``."""
+
+        digits: int = Field(3, ge=1, le=18)
+        """Digits of each factor."""
+        eval_every: int = Field(10, ge=2, le=1_000_000)
+        """One pair in this many (by a hash of it) is held out: the eval split."""
 
     def __init__(self, prompts: int, seed: int = 0, digits: int = 3, eval_prompts: int = 64, eval_every: int = 10):
         self.prompts, self.seed, self.digits = prompts, seed, digits

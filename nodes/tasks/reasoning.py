@@ -35,7 +35,9 @@ import zlib
 from functools import lru_cache
 from typing import Any
 
-from omnigraph.sdk import ConfigError, Prompt
+from pydantic import Field
+
+from omnigraph.sdk import ConfigError, Options, Prompt
 
 HOLD_OUT = 10
 OFFSET = 10 ** 12          # where a held-out position looks for its replacement (item k + j * OFFSET)
@@ -51,13 +53,13 @@ def _dataset(name: str, config_json: str, seed: int):
         close = difflib.get_close_matches(name, list(DATASETS), n=3)
         hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
         raise ConfigError(f"reasoning-gym has no dataset '{name}' ({hint}{len(DATASETS)} datasets, e.g. "
-                          f"{', '.join(sorted(DATASETS)[:5])})", where="task.dataset",
+                          f"{', '.join(sorted(DATASETS)[:5])})", where="task.options.dataset",
                           fix="name a reasoning-gym dataset (python -c 'import reasoning_gym.factory as f; "
                               "print(sorted(f.DATASETS))')")
     try:
         return rg.create_dataset(name, seed=seed, size=SIZE, **json.loads(config_json))
     except (TypeError, ValueError, AssertionError) as e:
-        raise ConfigError(f"reasoning-gym rejected the configuration of '{name}': {e}", where="task.config",
+        raise ConfigError(f"reasoning-gym rejected the configuration of '{name}': {e}", where="task.options.config",
                           fix=f"use the fields of {DATASETS[name][1].__name__} with valid values") from None
 
 
@@ -67,6 +69,21 @@ def _held_out(question: str) -> bool:
 
 class ReasoningGymTask:
     chat = False
+
+    class Options(Options):
+        """``task.options`` of ``reasoning_gym`` (``task.source: reasoning_gym``)."""
+
+        dataset: str
+        """The reasoning-gym dataset (``chain_sum``, ``basic_arithmetic``, ...)."""
+        config: dict[str, Any] = {}
+        """The dataset's configuration (e.g. ``{min_terms: 2, max_terms: 2}``)."""
+        fewshot: int = Field(0, ge=0, le=64)
+        """Solved examples shown before each question, as earlier turns of a chat (drawn once from a part of the
+        stream training never reaches; the prompt then goes through the chat template). Small models learn the
+        expected answer format from them."""
+        fewshot_answer: str = "{answer}"
+        """The examples' replies: a template over the item (``{answer}``, ``{metadata[expression]}``), e.g.
+        ``"{metadata[expression]} = {answer}\n<answer>{answer}</answer>"``."""
 
     def __init__(self, prompts: int, seed: int = 0, eval_prompts: int = 64, *, dataset: str,
                  config: dict[str, Any] | None = None, prompt: str = "{question}", chat: bool = False,
@@ -78,7 +95,7 @@ class ReasoningGymTask:
         self.data = _dataset(dataset, json.dumps(self.config, sort_keys=True), seed)
         self._eval: list[Prompt] | None = None
         self.shots: list[dict[str, str]] = []
-        for where, template in (("task.prompt", self.template), ("task.fewshot_answer", fewshot_answer)):
+        for where, template in (("task.prompt", self.template), ("task.options.fewshot_answer", fewshot_answer)):
             try:
                 template.format_map(self.data[0])
             except (KeyError, IndexError, ValueError) as e:

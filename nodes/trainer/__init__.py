@@ -1,1 +1,72 @@
-"""The trainer (backend torch): the policy, old/ref log-probs, the PPO update, weight export (sync), FSDP2 sharding."""
+"""The trainer (backend ``torch``): the policy (:mod:`.policy`), old and reference log-probs (:mod:`.logprob`), the
+PPO update (:mod:`.update`, :mod:`.losses`), weight export (:mod:`.sync`), FSDP2 sharding (:mod:`.sharded`).
+
+This module holds their descriptors (registered under ``omnigraph.backends``) and checks. It is light (no
+torch): the compiler reads it before anything starts.
+"""
+
+from __future__ import annotations
+
+from omnigraph.sdk import Backend, ConfigError, load
+
+WARM_MODEL = "nodes.models:warm"
+"""Warm workers import the model's architecture code with the backend's module (``Backend.warm``)."""
+
+
+def _torch_trainer(node, options, spec) -> list:
+    out = []
+    pool = spec.pools[options.pool]
+    if spec.model.dtype == "float16":
+        out.append(ConfigError("float16 training needs a gradient scaler, which the torch trainer does not use "
+                               "(small gradients underflow to zero)", where="model.dtype",
+                               fix="use bfloat16 (mixed precision: fp32 master weights, bf16 compute) or float32; "
+                                   "float16 rollouts alone: nodes.<generate>.dtype: float16"))
+    if (pool.actors > 1 or pool.sharding != "none") and 0 < pool.gpus < 1:
+        out.append(ConfigError(f"data-parallel training over {pool.actors} trainer actors with {pool.gpus:g} GPU "
+                               "each: NCCL needs each rank on a GPU of its own", where=f"pools.{options.pool}.gpus",
+                               fix=f"set pools.{options.pool}.gpus: 1, or pools.{options.pool}.actors: 1"))
+    if pool.actors > 1 and spec.runtime.executor == "local":
+        out.append(ConfigError(f"data-parallel training over {pool.actors} trainer actors needs one process per "
+                               "actor", where="runtime.executor",
+                               fix=f"use the ray or ray-tasks executor, or pools.{options.pool}.actors: 1"))
+    return out
+
+
+def _capabilities(kind: str, backend: str) -> frozenset:
+    try:
+        return load("backends", f"{kind}.{backend}").capabilities
+    except LookupError:
+        return frozenset()
+
+
+def _torch_sync(node, options, spec) -> list:
+    lora = any(n.kind == "update" and getattr(n, "lora", None) for n in spec.nodes.values())
+    if options.payload == "lora" and not lora:
+        return [ConfigError("payload lora but the update node trains no LoRA adapters", where=f"nodes.{node}.payload",
+                            fix="set payload: full, or give the update node lora: {r: 8}")]
+    if options.payload in ("full", "delta") and lora:
+        return [ConfigError(f"the update node trains LoRA adapters: send them, not the {options.payload} weights"
+                            + (" (a delta is of full-weight training; an adapter is already small)"
+                               if options.payload == "delta" else ""),
+                            where=f"nodes.{node}.payload", fix="set payload: lora")]
+    if options.payload == "delta":
+        gens = [n for n, s in spec.nodes.items() if s.kind == "generate" and any(
+            e.src == node and e.dst == n for e in spec.edges)]
+        other = [n for n in gens if "weight_targets" not in _capabilities("generate", spec.nodes[n].backend)]
+        if other:
+            return [ConfigError(f"payload delta is written position by position into the rollout's own tensors; "
+                                f"generate node '{other[0]}' has backend {spec.nodes[other[0]].backend}, whose "
+                                "engine keeps its weights fused (vLLM's qkv, gate_up)", where=f"nodes.{node}.payload",
+                                fix="set payload: full, or use backend: hf on the generate node")]
+    return []
+
+
+OLD_LOGPROB_TORCH = Backend("old_logprob", "nodes.trainer.logprob:Logprob", uses_model=True, sharded=True,
+                            warm=WARM_MODEL, doc="the trainer's current weights (fused into a one-step update)")
+REF_LOGPROB_TORCH = Backend("ref_logprob", "nodes.trainer.logprob:Logprob", uses_model=True, sharded=True,
+                            warm=WARM_MODEL, doc="the initial weights")
+UPDATE_TORCH = Backend("update", "nodes.trainer.update:Update", uses_model=True, data_parallel=True, sharded=True,
+                       warm=WARM_MODEL, check=_torch_trainer,
+                       doc="decoupled PPO, AdamW; full or LoRA; data-parallel or FSDP2-sharded over the pool's actors")
+SYNC_TORCH = Backend("sync", "nodes.trainer.sync:Sync", uses_model=True, sharded=True, check=_torch_sync,
+                     warm=WARM_MODEL, doc="full weights or LoRA adapter tensors")

@@ -98,14 +98,3 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, behav_logprob:
                       gap_mean=masked_mean(gap, mask), gap_max=gap.max())
     out.loss = loss
     return out
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(token) under ``softmax(logits / temperature)``; logits ``[B, T, V]``, tokens ``[B, T]``."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-def entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)

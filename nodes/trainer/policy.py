@@ -33,7 +33,7 @@ from omnigraph.sdk import NodeContext, SampleBatch
 from nodes import models
 from nodes.trainer import sharded
 from nodes.trainer.buckets import length_buckets
-from nodes.trainer.losses import entropy, token_logprobs
+from nodes.models.tokens import entropy, token_logprobs
 from nodes.models.prefix import completion_logits, position_ids
 
 

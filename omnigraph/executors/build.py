@@ -43,7 +43,8 @@ def context(plan, node: str, actor: str, shared: dict, faults=None) -> NodeConte
                        run=RunInfo(spec.task.prompts, spec.task.samples_per_prompt, spec.schedule.iterations,
                                    spec.runtime.seed),
                        actor=actor, rank=a.rank, world=spec.pools[a.pool].actors, device=device_of(spec, a.pool),
-                       shared=shared, faults=faults, sharding=spec.pools[a.pool].sharding)
+                       shared=shared, faults=faults, sharding=spec.pools[a.pool].sharding,
+                       backend_options=n.backend_options)
 
 
 _decided: dict[str, Precision] = {}

@@ -36,6 +36,9 @@ class Node:
     spans: int = 1
     """Firings (weight versions) one of this generator's samples may span: ``partial.max_spans``, else 1."""
     spec: Any = field(default=None, compare=False, repr=False)
+    backend_options: Any = field(default=None, compare=False, repr=False)
+    """The backend's own options (the node's ``options:``), validated against its descriptor's model by the
+    compiler (:func:`omnigraph.plugins.typed_options`); None where the backend declares none."""
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ weights that generated it. Sync training gives 0; one-step-off gives 1.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
 from .spec_base import NAME, Backend, Name, Seconds, Strict  # noqa: F401 - the schema's building blocks
-from .spec_rollout import DecodeSpec, EnvSpec, PartialSpec  # noqa: F401 - what a generate node adds to one completion
+from .spec_rollout import EnvSpec, PartialSpec  # noqa: F401 - what a generate node adds to one completion
 from .spec_runtime import CheckpointSpec, RuntimeSpec  # noqa: F401 - how a run runs
 
 
@@ -52,7 +52,8 @@ class TaskSpec(Strict):
     source: str | None = None
     """Prompts from data instead of a named task: a local file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``), a
     folder of such files (one split per file, named by its stem) or a dataset saved by ``save_to_disk``, read
-    with Hugging Face ``datasets`` (never the hub); or ``reasoning_gym`` (procedural tasks, see ``dataset``).
+    with Hugging Face ``datasets`` (never the hub) by the task ``reader`` names; or the name of a task that
+    makes its own (``reasoning_gym``: procedural tasks, its ``options`` name the dataset).
     A relative path is relative to the directory ``omnigraph`` runs in."""
     prompt: str = "prompt"
     """The prompt: a field of the rows, or a template over fields (``"{question} Reply with the number."``).
@@ -76,17 +77,6 @@ class TaskSpec(Strict):
     """Wrap text prompts in the model's chat template as the user's message (message lists always are)."""
     system: str | None = None
     """A system message before each chat prompt."""
-    dataset: str | None = None
-    """With ``source: reasoning_gym``: the reasoning-gym dataset (``chain_sum``, ``basic_arithmetic``, ...)."""
-    config: dict[str, Any] = {}
-    """With ``source: reasoning_gym``: the dataset's configuration (e.g. ``{min_terms: 2, max_terms: 2}``)."""
-    fewshot: int = Field(0, ge=0, le=64)
-    """With ``source: reasoning_gym``: solved examples shown before each question, as earlier turns of a chat
-    (drawn once from a part of the stream training never reaches; the prompt then goes through the chat
-    template). Small models learn the expected answer format from them."""
-    fewshot_answer: str = "{answer}"
-    """The examples' replies: a template over the item (``{answer}``, ``{metadata[expression]}``), e.g.
-    ``"{metadata[expression]} = {answer}\n<answer>{answer}</answer>"``."""
     prompts: int = Field(16, ge=1, le=1_000_000)
     """Prompts per training step (the prompt groups of one batch)."""
     samples_per_prompt: int = Field(8, ge=1, le=4096)
@@ -96,27 +86,24 @@ class TaskSpec(Strict):
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seed of the prompt stream."""
     options: dict[str, Any] = {}
-    """Extra keyword arguments for the task's factory (a plugin task documents them)."""
+    """The task's own options, validated against the model its class declares (``Options``; else its
+    factory's keyword arguments): ``digits`` takes ``min_len``, ``max_len``, ...; ``reasoning_gym`` takes
+    ``dataset``, ``config``, ``fewshot``, ``fewshot_answer``."""
+    reader: str = "dataset"
+    """The registered task that reads ``source`` when it is a file or a folder (a ``source`` that is itself a
+    registered task's name, such as ``reasoning_gym``, is read by that task)."""
+
+    DATA_FIELDS: ClassVar[tuple[str, ...]] = ("prompt", "answer", "split", "eval_split", "shuffle_seed", "epochs",
+                                              "max_prompt_tokens", "on_long", "chat", "system")
+    """The fields of prompts from data: handed to the task that reads the source, where it takes them."""
 
     @model_validator(mode="after")
     def _source_fields(self) -> "TaskSpec":
-        data_only = ("prompt", "answer", "split", "eval_split", "shuffle_seed", "epochs", "max_prompt_tokens",
-                     "on_long", "chat", "system")
         if self.source is None:
-            extra = self.changed((*data_only, "dataset", "config", "fewshot", "fewshot_answer"))
+            extra = self.changed(self.DATA_FIELDS)
             if extra:
                 raise ValueError(f"task.{extra[0]} applies to prompts from data only; set task.source (a file, a "
-                                 "folder or reasoning_gym) or remove it")
-        elif self.source == "reasoning_gym":
-            if not self.dataset:
-                raise ValueError("task.source: reasoning_gym needs task.dataset (e.g. chain_sum)")
-            files_only = self.changed(("answer", "split", "eval_split", "shuffle_seed", "epochs", "max_prompt_tokens",
-                                       "on_long"))
-            if files_only:
-                raise ValueError(f"task.{files_only[0]} applies to prompts from files, not to source: reasoning_gym "
-                                 "(an endless stream with 1 question in 10 held out for evaluation); remove it")
-        elif self.dataset or self.config or self.changed(("fewshot", "fewshot_answer")):
-            raise ValueError("task.dataset, task.config and task.fewshot apply to source: reasoning_gym only")
+                                 "folder or a task that reads a source, e.g. reasoning_gym) or remove it")
         if self.source is not None and self.changed(("name",)):
             raise ValueError("task.name and task.source are exclusive: the prompts come from one of them")
         return self
@@ -177,12 +164,6 @@ class GenerateNode(NodeBase):
     """Multi-turn episodes with an environment instead of one completion per sample."""
     partial: PartialSpec | None = None
     """Interruptible generation: long completions continue in the next firing on new weights."""
-    lora_serving: Literal["adapter", "merged"] = "adapter"
-    """Backend ``vllm`` with LoRA weights: serve the adapter (a new ``LoRARequest`` per version), or
-    merge it into the base weights on the rollout and reload those (``merged``: base-model speed,
-    still only adapter bytes on the wire; vLLM's LoRA kernels are slow on CPU)."""
-    decode: DecodeSpec = DecodeSpec()
-    """Backend ``hf``: static KV cache and compiled decode step, or eager ``generate`` (``auto``: static on CUDA)."""
     lent: bool = False
     """Set by the planner (``schedule.lend``): this generator runs on the trainer's pool, in its idle window,
     with the weights of the update just made (its weights edge has delay 0)."""

@@ -1,8 +1,9 @@
 """What a ``generate`` node may add to one completion per sample: multi-turn episodes (``env:``) and partial
-rollouts (``partial:``); how backend ``hf`` decodes (``decode:``). Part of the schema in :mod:`omnigraph.graph.spec`.
+rollouts (``partial:``). Part of the schema in :mod:`omnigraph.graph.spec`. (How a backend decodes is its own
+option: ``nodes.<generate>.options``, validated by the backend's options model.)
 
->>> DecodeSpec.model_validate("eager")
-DecodeSpec(mode='eager', prompt_len=64)
+>>> PartialSpec.model_validate({"budget_tokens": 16, "max_spans": 3}).max_spans
+3
 """
 
 from __future__ import annotations
@@ -52,18 +53,3 @@ class PartialSpec(Strict):
         return self
 
 
-class DecodeSpec(Strict):
-    """How backend ``hf`` decodes (``decode: eager`` is short for ``decode: {mode: eager}``)."""
-
-    mode: Literal["auto", "static", "eager"] = "auto"
-    """``static``: a static KV cache and a compiled decode step (a CUDA graph per token), compiled once when
-    the node starts (30-50 s for a 0.5B model on an H200, in the start-up; needs CUDA); ``eager``:
-    transformers' ``generate`` with its dynamic cache; ``auto``: static on CUDA, eager on the CPU."""
-    prompt_len: int = Field(64, ge=1, le=131_072)
-    """Static: the prompt length the start-up compile is sized for (rounded up to a power of two, at least 32).
-    Shorter prompts reuse it; a longer one grows the cache to its power of two, which compiles once more."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _mode_alone(cls, data: Any) -> Any:
-        return {"mode": data} if isinstance(data, str) else data

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import plugins
 from ..errors import GraphError
 from ..graph.ports import ROLE
 from .predict import DEFAULT_COST
@@ -86,9 +87,13 @@ def parts(spec) -> tuple[str, str, str, str]:
                       fix="set schedule.mode: one_step_off or async, or colocate both on one pool")
     if gen.pool == pool:
         raise _refuse(f"'{g}' already runs on the trainer's pool '{pool}'")
-    if gen.backend != "hf" or gen.partial is not None or gen.env is not None:
-        raise _refuse(f"lending copies generator '{g}' onto the trainer's pool; it supports backend hf with "
-                      "single-turn, whole rollouts (no partial, no env)")
+    if "lend" not in plugins.backend("generate", gen.backend, where=f"nodes.{g}.backend").capabilities:
+        raise _refuse(f"lending copies generator '{g}' onto the trainer's pool, and its backend {gen.backend} "
+                      "cannot run as a lent copy (no 'lend' capability)",
+                      fix="use a backend that can (hf), or schedule.lend: false")
+    if gen.partial is not None or gen.env is not None:
+        raise _refuse(f"lending copies generator '{g}' onto the trainer's pool as single-turn, whole rollouts "
+                      "(no partial, no env)")
     if spec.pools[pool].actors != 1 or spec.pools[gen.pool].actors != 1:
         raise _refuse("lending splits each step's prompts between one rollout actor and one trainer actor",
                       fix="use pools of one actor each, or schedule.lend: false")

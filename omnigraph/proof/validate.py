@@ -366,6 +366,22 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
         except GraphError as e:
             errors.extend(e)
             continue
+        opts, problems = plugins.typed_options(b, n.spec.options, f"nodes.{n.name}.options",
+                                               kind=f"{n.kind} backend {n.backend}")
+        for problem in problems:
+            errors.extend(problem)
+        object.__setattr__(n, "backend_options", opts)       # the IR node is frozen; set once, here
+        env = getattr(n.spec, "env", None)
+        if env is not None:
+            try:
+                cls = plugins.named_or_dotted("environments", env.name, where=f"nodes.{n.name}.env.name")
+            except GraphError:
+                pass                                            # the backend's check names it
+            else:
+                for problem in plugins.typed_options(cls, env.options, f"nodes.{n.name}.env.options",
+                                                     kind=f"environment {env.name}", call=cls,
+                                                     passed=frozenset({"prompt"}))[1]:
+                    errors.extend(problem)
         if b.uses_model:
             uses_model.append(n)
         if getattr(n.spec, "partial", None) is not None:
@@ -376,12 +392,12 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
                        f"{n.name} to another pool (a sharded pool holds the torch trainer and its nodes)")
         for problem in (b.check(n.name, n.spec, spec) if b.check else []):   # the backend's own rules
             errors.add(problem.message, where=problem.where, fix=problem.fix)
-    if spec.task.source is not None:
-        pass                                  # read by _data, after everything else is known to be sound
-    elif ":" in spec.task.name:
-        _resolvable(lambda: plugins.load_dotted(spec.task.name), "task.name", errors)
-    elif not plugins.has("tasks", spec.task.name):
-        errors.extend(plugins.unknown("tasks", spec.task.name, "task.name"))
+    try:
+        ref, factory, _ = plugins.task_factory(spec)
+        if spec.task.source is None:          # a source is read by _data, after everything else is known sound
+            plugins.task_arguments(spec, factory, ref)
+    except GraphError as e:
+        errors.extend(e)
     for name in spec.runtime.loggers:
         try:
             need = getattr(plugins.load("loggers", name, where="runtime.loggers"), "missing", lambda: None)()

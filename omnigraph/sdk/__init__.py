@@ -20,11 +20,12 @@ from .context import Collectives, Lora, ModelInfo, NodeContext, PolicyInfo, RunI
 from .data import Prompt, SampleBatch, Weights
 from .env import Environment, EnvironmentLike, EnvStep
 from .errors import ConfigError
+from .options import Options, options_model
 from .registry import load
 from .tensors import copy_into
 from .roles import (ROLES, TRAINER_ROLES, Backend, Exporter, Generator, Logprob, Scorer, Stateful, Task, Trainer,
                     WeightsState)
 
-__all__ = ["Backend", "Collectives", "ConfigError", "EnvStep", "Environment", "EnvironmentLike", "Exporter", "Generator", "Logprob", "Lora", "ModelInfo", "NodeContext",
+__all__ = ["Backend", "Collectives", "ConfigError", "EnvStep", "Environment", "EnvironmentLike", "Exporter", "Generator", "Logprob", "Lora", "ModelInfo", "NodeContext", "Options",
            "PolicyInfo", "Prompt", "ROLES", "RunInfo", "SampleBatch", "Scorer", "Stateful", "TRAINER_ROLES", "Task",
-           "Trainer", "Weights", "WeightsState", "copy_into", "load"]
+           "Trainer", "Weights", "WeightsState", "copy_into", "load", "options_model"]

@@ -4,7 +4,7 @@ A node never reads the graph's YAML: everything it may use is here, resolved
 by the compiler:
 
 - ``options``: the node's own entry of the graph (``max_new_tokens``, ``lr``,
-  ...), read-only;
+  ...), read-only; ``backend_options``: its backend's own options, validated and typed;
 - ``model``: the policy model (``model.path`` as a local directory, dtype, seed);
 - ``policy``: the trainer settings that several nodes must agree on (LoRA,
   the KL coefficient, the trainer's mini-batch), whichever node owns them;
@@ -93,7 +93,7 @@ class NodeContext:
     name: str
     kind: str
     options: Any
-    """The node's own options (its entry in the graph)."""
+    """The node's own entry in the graph (its kind's fields: ``max_new_tokens``, ``lr``, ...)."""
     model: ModelInfo
     policy: PolicyInfo
     run: RunInfo
@@ -108,6 +108,9 @@ class NodeContext:
     metrics: dict[str, float] = field(default_factory=dict)
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     faults: Callable[[str], None] | None = field(default=None, repr=False)
+    backend_options: Any = None
+    """The backend's own options (the node's ``options:``), validated against the model its descriptor declares
+    (:mod:`omnigraph.sdk.options`); None where it declares none."""
 
     @property
     def pool(self) -> str:

@@ -1,8 +1,8 @@
-"""Finding what a package registered: ``load(group, name)`` and ``load("module:attr")``.
+"""Finding what a package registered: ``load(group, name)`` and ``load_dotted("module:attr")``: the one lookup.
 
 A node that names another plugin (a reward function by name, a task) looks it
-up here; the engine's registry (``omnigraph.plugins``) builds on the same
-table and turns a miss into an error that names the field and the fix.
+up here; the engine's registry (``omnigraph.plugins``) builds on these two
+functions and turns a miss into an error that names the field and the fix.
 """
 
 from __future__ import annotations
@@ -24,18 +24,25 @@ def table(group: str) -> dict[str, EntryPoint]:
     return out
 
 
+def load_dotted(ref: str) -> Any:
+    """``package.module:attr`` -> the attribute; LookupError saying what is wrong if it cannot be found."""
+    module, sep, attr = ref.partition(":")
+    if not sep or not module or not attr:
+        raise LookupError(f"'{ref}' is not a dotted path")
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
+        raise LookupError(f"cannot import module '{module}': {type(e).__name__}: {e}") from e
+    if not hasattr(mod, attr):
+        raise LookupError(f"module '{module}' has no attribute '{attr}'")
+    return getattr(mod, attr)
+
+
 def load(group: str, ref: str) -> Any:
     """A registered name in ``omnigraph.<group>`` or a dotted path ``package.module:attr``; LookupError if
     neither resolves."""
     if ":" in ref:
-        module, _, attr = ref.partition(":")
-        try:
-            mod = importlib.import_module(module)
-        except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
-            raise LookupError(f"cannot import module '{module}': {type(e).__name__}: {e}") from e
-        if not hasattr(mod, attr):
-            raise LookupError(f"module '{module}' has no attribute '{attr}'")
-        return getattr(mod, attr)
+        return load_dotted(ref)
     ep = table(group).get(ref)
     if ep is None:
         known = sorted(table(group))

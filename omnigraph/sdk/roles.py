@@ -66,6 +66,14 @@ class Backend:
     check: Callable[[str, Any, Any], list] | None = None
     """``check(node, options, spec) -> [ConfigError, ...]``: what this backend refuses in a graph (its options,
     and how they must agree with the rest), run by the compiler before anything starts."""
+    options: type | None = None
+    """The backend's own options (an :class:`omnigraph.sdk.options.Options` model): the node's ``options:`` is
+    validated against it when the graph is checked and reaches the node as ``ctx.backend_options``. None: the
+    backend takes no options (any key under ``options:`` is an error)."""
+    capabilities: frozenset = frozenset()
+    """What the compiler may ask of it, by name (it never asks for a backend by its name): ``lend`` (a
+    generator that can run as a lent copy on the trainer's pool), ``weight_targets`` (a generator whose weights
+    are its own tensors: a ``delta`` sync writes into them)."""
     warm: bool | str = True
     """What the process Ray's workers are forked from (``runtime.warm_workers``) loads for this backend before
     any actor exists, so that each actor starts with it imported: True, the module of ``impl``;

@@ -33,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodes.models import build_tokenizer, cached
+from nodes.models import cached
+from nodes.zoo.tiny import build_tokenizer
 from nodes.rewards.rules import digits_match
 from nodes.tasks.procedural import Digits
 
