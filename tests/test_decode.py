@@ -118,7 +118,7 @@ class TestTheOption:
 
     def test_decode_on_another_backend_is_an_unknown_option_of_that_backend(self):
         with pytest.raises(GraphError, match=r"nodes\.generate\.options\.decode: unknown generate backend synthetic "
-                                             r"option 'decode' \(known: it takes none\)"):
+                                             r"option 'decode' \(known: cost_per_token\)"):
             og.compile(GRAPHS / "grpo_one_step_off.yaml",
                        overrides=["nodes.generate.backend=synthetic", "nodes.generate.options.decode=eager"])
 
