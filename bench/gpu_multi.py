@@ -10,7 +10,7 @@
    every byte in place (it acknowledges through the TCP store, ~0.1 ms). Against,
    in the same processes: a plain NCCL broadcast of the same bytes as one
    buffer. Bus bandwidth of a broadcast = bytes / time (nccl-tests' busbw
-   factor for broadcast is 1). The seed's published figure for verl (one-step-off
+   factor for broadcast is 1). verl's published figure (its one-step-off recipe:
    weight sync of Qwen2.5-3B under 300 ms, on A100s) is quoted under ``context`` in
    the JSON, for orientation only: it was not measured here, on other hardware,
    and no ratio is computed against it.
@@ -53,7 +53,7 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"        # NVLink multicast stays off on shar
 CONTEXT = {"verl_3b_ms": {
     "value": 300.0, "bound": "upper",
     "what": "verl one-step-off weight sync of Qwen2.5-3B, under 300 ms",
-    "hardware": "A100s", "source": "the seed's figure (published), not measured here: no ratio is taken against it"}}
+    "hardware": "A100s", "source": "verl's published figure, not measured here: no ratio is taken against it"}}
 """Published figures of other systems: quoted for orientation, never divided into a measured one."""
 QWEN = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True)
 SHAPES = {
@@ -305,7 +305,7 @@ def main() -> int:
         if any(r["model"] == "3b" for r in syncs):
             c = CONTEXT["verl_3b_ms"]
             print(f"  for context only (not measured here, other hardware): {c['what']} on {c['hardware']} "
-                  f"(the seed's figure)")
+                  f"(verl's published figure)")
     rt = {}
     if not args.skip_runtime:
         model = "smoke-model" if args.smoke else (args.runtime_model or ("0.5b" if args.quick else "1.5b"))

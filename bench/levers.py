@@ -1,4 +1,4 @@
-"""The seed's three levers, measured side by side on real runs: delta sync, lending, the layout advisor.
+"""Three levers of a separate rollout and trainer, measured side by side on real runs: delta sync, lending, the layout advisor.
 
 ``python bench/levers.py --quick`` runs, on the tiny model, local Ray, on the CPU but where a GPU is said
 (every run the same graph but for what is compared, one after another in this process):
@@ -20,8 +20,8 @@
    each side. On a CPU the tiny model's update costs more than its generation, whatever the length of the
    completions (both grow with the tokens), so generation alone never leaves a CPU trainer idle; and a
    verifier's cost follows the completions, which differ once lending changes who samples what.
-3. **The advisor** (``omnigraph plan --devices``): ``advisor_picks`` for timings shaped like the seed's
-   (trainer-bound, on 4 devices) and a generation-bound workload (long tail, on 2), as the tests feed it; then a
+3. **The advisor** (``omnigraph plan --devices``): ``advisor_picks`` for timings shaped like verl-omni's
+   published runs (trainer-bound, on 4 devices) and a generation-bound workload (long tail, on 2), as the tests feed it; then a
    real calibration: the shipped graph on 1 + 1 CPU and the colocated sync graph on 2, twice each, the advisor
    fitted on the four runs, its recommendation for 2 CPUs written out and run fresh three times.
    ``advisor_pred_error``: |predicted - measured| / measured s/step, measured the median of the fresh runs.
@@ -102,7 +102,7 @@ def lending_graph(cuda: bool) -> tuple[list[str], str]:
     """The rollout-bound graph lending is measured on, and what makes it rollout-bound.
 
     With a GPU: the shipped graph with its rollout on one CPU core and its trainer on the GPU, the layout where a
-    rollout pool is weaker than the trainer's (the seed's lever: the trainer waits for every batch). Its costs
+    rollout pool is weaker than the trainer's (what lending is for: the trainer waits for every batch). Its costs
     follow the prompts, not the completions (the reward is ``digits_match``, generation stops at
     ``max_new_tokens`` or the batch's last end of text). Without one: the verifier-bound variant (``math_verify``
     on the rollout, both pools one CPU core), whose reward's cost follows what was sampled."""

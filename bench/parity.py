@@ -3,7 +3,7 @@
 Both runs train the embedded tiny model on ``digits`` through the compiled
 graph (``ray`` executor), rollout and trainer each on their own 1-CPU actor.
 At staleness 1 the reward curve should match the synchronous baseline within
-noise (what the seeds ask of an asynchronous trainer), while each step takes
+noise (what one asks of an asynchronous trainer), while each step takes
 less wall time because generation overlaps training.
 
     python bench/parity.py [--quick]

@@ -124,7 +124,7 @@ def _gpus() -> list[dict[str, Any]]:
 
 
 def machine() -> dict[str, Any]:
-    """What the figures were measured on (the CPU changes between days here: FACTS.md)."""
+    """What the figures were measured on (the CPU of a shared machine can change from one day to the next)."""
     model, flags = _cpuinfo()
     try:
         affinity = len(os.sched_getaffinity(0))

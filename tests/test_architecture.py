@@ -113,3 +113,13 @@ class TestRegistry:
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split() == ["['nodes.rewards',", "'nodes.rewards.rules',", "'nodes.rollout',", "'nodes.tasks',",
                                       "'nodes.tasks.procedural',", "'nodes.trainer']", "False"], out.stdout
+
+
+def test_the_engine_names_no_node_module():
+    """The contracts keep ``omnigraph/`` from importing node code; this keeps it from naming it, even in a string
+    or a docstring: the engine finds backends, tasks and rewards by their registered names only."""
+    import re
+    module = re.compile(r"\bnodes[./](rollout|trainer|rewards|tasks|envs|models|zoo|diffusion|synthetic)\b")
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in sorted((ROOT / "omnigraph").rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if module.search(line)]
+    assert not hits, "\n".join(hits)

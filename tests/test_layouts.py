@@ -1,4 +1,4 @@
-"""``omnigraph plan --timings RUN_DIR --devices N``: the layout advisor, on timings shaped like the seed's.
+"""``omnigraph plan --timings RUN_DIR --devices N``: the layout advisor, on timings shaped like verl-omni's published ones.
 
 verl-omni measured, on 4 GPUs and a trainer-bound workload, colocated 4+0 at 181.5 s/step, separate 3+1 at
 192.2 and 2+2 at ~273. A 3+1 run with those node times must lead the advisor to colocate; a generation-bound
@@ -63,7 +63,7 @@ def test_scaling_fit_is_one_over_d_from_one_point_and_amdahl_from_two():
 
 
 def test_trainer_bound_seed_timings_pick_colocated(tmp_path, capsys):
-    """The seed's 3+1 run (generation 178 s on 3 devices, training 192.2 s on 1) predicts its own 192.2 s,
+    """verl-omni's published 3+1 run (generation 178 s on 3 devices, training 192.2 s on 1) predicts its own 192.2 s,
     colocated 4 at 181.5 and 2+2 at ~267, as measured there (181.5, 192.2, ~273); colocated wins."""
     run = separate(tmp_path / "r31", 3, 4, {"generate": 177.5, "reward": 0.5, "old_logprob": 40.0,
                                               "update": 150.0, "sync": 2.2})

@@ -213,7 +213,7 @@ class TrainerForward(NodeBase):
     """The trainer's nodes that run the policy over a batch (``update``, ``old_logprob``, ``ref_logprob``)."""
     share_prompts: bool = True
     """Run each distinct prompt of a batch through the model once and reuse its keys and values for every
-    completion of it (a GRPO group): the same logprobs and gradients, less compute (``nodes.models.prefix``)."""
+    completion of it (a GRPO group): the same logprobs and gradients, less compute (the torch trainer's prompt sharing)."""
 
 
 class LogprobNode(TrainerForward):

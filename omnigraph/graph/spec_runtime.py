@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Any, Annotated, Literal
 
 from pydantic import Field
 
@@ -35,6 +35,9 @@ class RuntimeSpec(Strict):
     """Besides ``metrics.jsonl``: registered loggers (``omnigraph.loggers``): ``tensorboard``, ``wandb`` (offline
     unless configured), ``mlflow`` (a file store in the run directory unless ``MLFLOW_TRACKING_URI``) get every
     step's metrics and the run's config, plan and staleness bound (:mod:`omnigraph.runtime.loggers`)."""
+    logger_options: dict[Annotated[str, Field(max_length=64)], dict[str, Any]] = {}
+    """Options per logger of ``loggers`` (``{wandb: {project: my-runs}}``), validated against the options the
+    logger declares (``wandb``: ``project``, ``entity``, ``tags``; ``mlflow``: ``tracking_uri``, ``experiment``)."""
     preempt_signal: Literal["USR1", "USR2", "HUP", "XCPU"] | None = None
     """Besides SIGTERM and SIGINT, the signal that means "the job ends soon" (Slurm: ``--signal=USR1@120``):
     each stops the run at the next step boundary with a checkpoint (:mod:`omnigraph.runtime.interrupt`)."""

@@ -398,12 +398,21 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
             plugins.task_arguments(spec, factory, ref)
     except GraphError as e:
         errors.extend(e)
+    for name in spec.runtime.logger_options:
+        if name not in spec.runtime.loggers:
+            errors.add(f"options for logger '{name}', which runtime.loggers does not list",
+                       where=f"runtime.logger_options.{name}", fix=f"add {name} to runtime.loggers, or remove them")
     for name in spec.runtime.loggers:
         try:
-            need = getattr(plugins.load("loggers", name, where="runtime.loggers"), "missing", lambda: None)()
+            cls = plugins.load("loggers", name, where="runtime.loggers")
+            need = getattr(cls, "missing", lambda: None)()
         except GraphError as e:
             errors.extend(e)
             continue
+        for problem in plugins.typed_options(cls, spec.runtime.logger_options.get(name), f"runtime.logger_options.{name}",
+                                             kind=f"logger {name}", call=cls,
+                                             passed=frozenset({"run_dir", "start_step"}))[1]:
+            errors.extend(problem)
         if need:
             errors.add(f"logger '{name}' needs the {need} package, which is not installed", where="runtime.loggers",
                        fix=f"pip install {need} (or pip install -e '.[{name}]'), or remove {name} from runtime.loggers")

@@ -28,7 +28,8 @@ A logger is a class registered under the entry-point group ``omnigraph.loggers``
         @staticmethod
         def missing() -> str | None: ...          # a package it needs that is not installed (validation
                                                   # reports it before the run), else None
-        def __init__(self, run_dir: Path, start_step: int): ...   # start_step > 0: resuming
+        class Options(omnigraph.sdk.Options): ...   # optional: what runtime.logger_options.<name> may set
+        def __init__(self, run_dir: Path, start_step: int, **options): ...   # start_step > 0: resuming
         def params(self, params: dict) -> None: ...  # optional, once before the first step
         def log(self, row: dict) -> None: ...      # each step's metrics row (``row["step"]``)
         def flush(self) -> None: ...               # after each step
@@ -53,8 +54,11 @@ from urllib.parse import urlparse
 
 import yaml
 
+from pydantic import Field
+
 from .. import plugins
 from ..errors import GraphError
+from ..sdk import Options
 
 
 def run_params(plan, run_dir: Path) -> dict[str, Any]:
@@ -102,6 +106,9 @@ class TensorBoard:
     def missing() -> str | None:
         return "tensorboard" if importlib.util.find_spec("tensorboard") is None else None
 
+    class Options(Options):
+        """``tensorboard`` takes no options (its files go to ``<run dir>/tensorboard``)."""
+
     def __init__(self, run_dir: Path, start_step: int):
         from torch.utils.tensorboard import SummaryWriter
         self.dir = Path(run_dir) / "tensorboard"
@@ -144,14 +151,26 @@ class WandB:
     def missing() -> str | None:
         return "wandb" if importlib.util.find_spec("wandb") is None else None
 
-    def __init__(self, run_dir: Path, start_step: int):
+    class Options(Options):
+        """``runtime.logger_options.wandb``."""
+
+        project: str | None = None
+        """The W&B project (default: ``$WANDB_PROJECT``, else ``omnigraph``)."""
+        entity: str | None = None
+        """The W&B entity (team or user; default: the account's)."""
+        tags: list[str] = []
+        """Tags of the run."""
+
+    def __init__(self, run_dir: Path, start_step: int, project: str | None = None, entity: str | None = None,
+                 tags: list[str] | None = None):
         import wandb
         self.run_dir = Path(run_dir)
         kept = _kept(self.run_dir, "wandb")
         self.last = kept.get("last_step", -1)
         mode = None if os.environ.get("WANDB_MODE") else ("online" if _wandb_key() else "offline")
         silent = os.environ.get("WANDB_SILENT", "true").lower() in ("1", "true", "yes")
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "omnigraph", name=self.run_dir.name,
+        self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "omnigraph", entity=entity,
+                              tags=list(tags or []) or None, name=self.run_dir.name,
                               dir=str(self.run_dir), id=kept.get("run_id"), resume="allow", mode=mode,
                               settings=wandb.Settings(silent=silent, console="off"))
         _keep(self.run_dir, "wandb", run_id=self.run.id, last_step=self.last)
@@ -196,12 +215,22 @@ class MLflow:
     def missing() -> str | None:
         return "mlflow-skinny" if importlib.util.find_spec("mlflow") is None else None
 
-    def __init__(self, run_dir: Path, start_step: int):
+    class Options(Options):
+        """``runtime.logger_options.mlflow``."""
+
+        tracking_uri: str | None = None
+        """Where runs go (default: ``$MLFLOW_TRACKING_URI``, else a file store in the run directory)."""
+        experiment: str | None = None
+        """The experiment's name (default: ``$MLFLOW_EXPERIMENT_NAME``, else the graph's name)."""
+
+    def __init__(self, run_dir: Path, start_step: int, tracking_uri: str | None = None,
+                 experiment: str | None = None):
         from mlflow.tracking import MlflowClient
         self.run_dir = Path(run_dir)
+        self.experiment = experiment
         kept = _kept(self.run_dir, "mlflow")
         self.last = kept.get("last_step", -1)
-        self.uri = (kept.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+        self.uri = (kept.get("tracking_uri") or tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                     or (self.run_dir / "mlruns").resolve().as_uri())
         if self.uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")   # MLflow 3 refuses a file store without it
@@ -212,7 +241,7 @@ class MLflow:
 
     def _start(self, name: str) -> str:
         if self.run_id is None:
-            exp_name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or name
+            exp_name = self.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or name
             exp = self.client.get_experiment_by_name(exp_name)
             exp_id = exp.experiment_id if exp else self.client.create_experiment(exp_name)
             self.run_id = self.client.create_run(exp_id, run_name=self.run_dir.name,
@@ -258,14 +287,29 @@ def _millis() -> int:
     return int(time.time() * 1000)
 
 
-def make(names: list[str], run_dir: Path, start_step: int, params: dict[str, Any] | None = None) -> list:
-    """The loggers ``runtime.loggers`` names, each given ``params`` (if it takes them) before the first step.
-    One that fails to start is a GraphError naming it; the ones already started are closed."""
+def options(cls, name: str, raw: dict | None) -> tuple[dict[str, Any], list[GraphError]]:
+    """``runtime.logger_options.<name>`` validated against the logger's options (keyword arguments)."""
+    opts, errors = plugins.typed_options(cls, raw, f"runtime.logger_options.{name}", kind=f"logger {name}",
+                                         call=cls, passed=frozenset({"run_dir", "start_step"}))
+    if errors:
+        return {}, errors
+    return ({k: getattr(opts, k) for k in type(opts).model_fields} if hasattr(type(opts), "model_fields")
+            else dict(opts or {})), []
+
+
+def make(names: list[str], run_dir: Path, start_step: int, params: dict[str, Any] | None = None,
+         settings: dict[str, dict] | None = None) -> list:
+    """The loggers ``runtime.loggers`` names (with their ``runtime.logger_options``), each given ``params`` (if
+    it takes them) before the first step. One that fails to start is a GraphError naming it; the ones already
+    started are closed."""
     out: list = []
     for name in dict.fromkeys(names):
         cls = plugins.load("loggers", name, where="runtime.loggers")
+        kwargs, errors = options(cls, name, (settings or {}).get(name))
+        if errors:
+            raise errors[0]
         try:
-            lg = cls(run_dir, start_step)
+            lg = cls(run_dir, start_step, **kwargs)
             out.append(lg)
             if params is not None and hasattr(lg, "params"):
                 lg.params(params)

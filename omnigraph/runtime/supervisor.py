@@ -132,7 +132,7 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
             raise _preempted(out, plan, None)
 
     ex = make_executor(plan, on_status=status)
-    loggers = make_loggers(spec.runtime.loggers, out, start, run_params(plan, out))
+    loggers = make_loggers(spec.runtime.loggers, out, start, run_params(plan, out), spec.runtime.logger_options)
     every = spec.checkpoint.every
     barrier = (lambda t: bool(every) and 0 < t < plan.steps and t % every == 0) if every else None
     rows: list[dict[str, Any]] = []

@@ -1,7 +1,7 @@
 """A weight into the layout AMX kernels compute with, at memory speed: :func:`pack_vnni`.
 
 vLLM's CPU backend multiplies by weights repacked for AMX. sgl-kernel's layout (its kernels for small layers,
-and for every layer when omnigraph fills the engine's weights: ``nodes.rollout.vllm_weights``) holds a ``[N, K]``
+and for every layer when omnigraph's vLLM backend fills the engine's weights) holds a ``[N, K]``
 16-bit weight as pairs along ``K`` (32-bit words), in blocks of 32 rows, each block ``[K / 2, 32]`` words: a
 transpose of the block seen as ``[32, K / 2]`` words (:func:`reference_vnni`). vLLM makes it, or oneDNN's
 blocked layout, into a new buffer per layer at each load, at about half a plain copy's speed (oneDNN: plus

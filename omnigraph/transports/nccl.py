@@ -3,7 +3,7 @@
 When ``sync`` and every consumer of its weights sit on whole GPUs of their
 own (``pools.*.gpus >= 1``), the bytes do not travel through the graph's
 channels at all (Ray 2.60's Compiled Graph NCCL channels assert on our
-programs: FACTS.md). Instead:
+programs, and NCCL needs one GPU per rank). Instead:
 
 - before the first step the executor forms one NCCL group per such ``sync``
   node (the plan lists them: ``Plan.groups``): rank 0 is the actor that runs

@@ -11,7 +11,8 @@ Per step, in the plan's global order:
 
 Every operation on an actor also takes the previous operation's output on
 that actor as its first value (the *chain*), which forces Ray to run them in
-plan order (FACTS.md: Ray otherwise orders each actor's tasks itself).
+plan order (Ray otherwise orders each actor's tasks itself: a weight-sync task bound in the same execution as
+generate, measured on Ray 2.60, made a one-step-off step serial).
 Pure Python: no Ray import.
 """
 
