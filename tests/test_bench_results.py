@@ -1,4 +1,5 @@
-"""Every measured figure in README.md cites the recorded benchmark result it comes from.
+"""Every measured figure in README.md and in the documentation pages (``docs/**/*.md``) cites the recorded
+benchmark result it comes from.
 
 The marker
 ----------
@@ -12,6 +13,8 @@ A measured figure is followed (in the same line, or the same table cell) by a li
 - The cited figure is the **last number before the marker** in its segment: the text since the previous
   marker on the line, the table cell (``|``), or the line's start. Thousands separators (``4,346``) are
   allowed; ``×1.60`` / ``1.60x`` cite ``1.60``.
+- The record's path is relative to the repository root in every page, ``docs/`` ones included (the site's
+  build makes each link relative to its page: ``docs/hooks/benchmarks.py``).
 - The key path is relative to the record's ``result``: keys separated by ``.``, list items by their index
   (``models.0.sync_total_s``); a key that itself contains dots (``0.5+0.5 sync``) is found as written;
   spaces and other URL-unsafe characters are %-escaped (``%20``). An optional unit scale ends the path:
@@ -42,6 +45,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = [README] + sorted(p for p in (ROOT / "docs").rglob("*.md") if "hooks" not in p.relative_to(ROOT / "docs").parts)
 sys.path.insert(0, str(ROOT / "bench"))
 
 MARKER = re.compile(r"\[src\]\((bench/results/[^)#\s]+?\.json)#([^)\s]+)\)")
@@ -64,6 +68,7 @@ class Cite:
     file: str
     path: str
     text: str
+    doc: str = "README.md"    # the page, relative to the repository root
 
 
 def _blank_code(line: str) -> str:
@@ -89,9 +94,9 @@ def _segments(line: str) -> list[str]:
     return [line]
 
 
-def scan(text: str) -> tuple[list[Cite], list[tuple[int, str, str]]]:
-    """The markers of ``text`` with the figure each cites, and the measured-looking figures no marker cites:
-    ``(line number, figure, line)``."""
+def scan(text: str, doc: str = "README.md") -> tuple[list[Cite], list[tuple[int, str, str]]]:
+    """The markers of ``text`` (the page ``doc``) with the figure each cites, and the measured-looking figures no
+    marker cites: ``(line number, figure, line)``."""
     cites: list[Cite] = []
     loose: list[tuple[int, str, str]] = []
     for n, raw in _lines(text):
@@ -105,7 +110,7 @@ def scan(text: str) -> tuple[list[Cite], list[tuple[int, str, str]]]:
                 before = cell[pos:m.start()]
                 nums = list(NUMBER.finditer(before))
                 figure = nums[-1].group(1) if nums else None
-                cites.append(Cite(n, figure, m.group(1), m.group(2), raw.strip()))
+                cites.append(Cite(n, figure, m.group(1), m.group(2), raw.strip(), doc))
                 rest.append(before[:nums[-1].start()] if nums else before)
                 pos = m.end()
             tail = cell[pos:]
@@ -143,7 +148,7 @@ def lookup(obj, path: str):
 
 def check(cite: Cite, root: Path = ROOT) -> str | None:
     """Why ``cite`` is wrong, or None."""
-    where = f"README.md:{cite.line}: [src]({cite.file}#{cite.path})"
+    where = f"{cite.doc}:{cite.line}: [src]({cite.file}#{cite.path})"
     f = root / cite.file
     if not f.is_file():
         return f"{where}: {cite.file} does not exist"
@@ -179,25 +184,31 @@ def check(cite: Cite, root: Path = ROOT) -> str | None:
     decimals = len(printed.split(".")[1]) if "." in printed else 0
     shown = f"{abs(value):.{decimals}f}"
     if shown != printed:
-        return f"{where}: README says {cite.figure}, the record holds {value!r} (= {shown} at that precision)"
+        return f"{where}: the page says {cite.figure}, the record holds {value!r} (= {shown} at that precision)"
     return None
 
 
-# ---------------------------------------------------------------- README.md
+# ---------------------------------------------------------------- README.md and docs/
 
-def test_every_marker_in_the_readme_cites_a_recorded_value():
-    cites, _ = scan(README.read_text())
+def _name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+@pytest.mark.parametrize("page", DOCS, ids=_name)
+def test_every_marker_cites_a_recorded_value(page):
+    cites, _ = scan(page.read_text(), _name(page))
     errors = [e for c in cites if (e := check(c))]
     if errors:
-        pytest.fail(f"{len(errors)} of {len(cites)} README figures do not match their source:\n" + "\n".join(errors),
-                    pytrace=False)
+        pytest.fail(f"{len(errors)} of {len(cites)} figures in {_name(page)} do not match their source:\n"
+                    + "\n".join(errors), pytrace=False)
 
 
-def test_every_measured_figure_in_the_readme_has_a_source():
-    _, loose = scan(README.read_text())
-    listing = "\n".join(f"README.md:{n}: {fig!r} in: {line[:140]}" for n, fig, line in loose)
+@pytest.mark.parametrize("page", DOCS, ids=_name)
+def test_every_measured_figure_has_a_source(page):
+    _, loose = scan(page.read_text(), _name(page))
+    listing = "\n".join(f"{_name(page)}:{n}: {fig!r} in: {line[:140]}" for n, fig, line in loose)
     if loose:
-        pytest.fail(f"{len(loose)} measured-looking figures in README.md have no "
+        pytest.fail(f"{len(loose)} measured-looking figures in {_name(page)} have no "
                     f"[src](bench/results/<file>.json#<key.path>) marker (see tests/test_bench_results.py):\n"
                     + listing, pytrace=False)
 
@@ -237,7 +248,7 @@ ratios, the tiny model ×1.14.
 def test_the_checker_rejects_wrong_figures_and_missing_provenance(tmp_path):
     good = _record(tmp_path, {"s": 2.7812, "flag": True, "nested": {"a": [1.5]}})
     bare = _record(tmp_path, {"s": 2.7812}, git_rev=None)
-    cases = {f"2.79 [src]({good}#s)": "README says 2.79",
+    cases = {f"2.79 [src]({good}#s)": "the page says 2.79",
              f"2.78 [src]({good}#t)": "no key 't'",
              f"2.78 [src]({good}#flag)": "not a number",
              f"2.78 [src]({good}#nested.a.3)": "no item '3'",
