@@ -75,7 +75,7 @@ def test_sync_mode_with_lora_over_nccl_on_ray_tasks():
         "schedule.iterations=4", "checkpoint.every=null", "pools.trainer.gpus=1",
         "pools.rollout={actors: 1, cpus: 1, gpus: 1}", "nodes.generate.pool=rollout", "nodes.reward.pool=rollout",
         "model.dtype=bfloat16", "nodes.update.lora={r: 4, alpha: 8}", "nodes.sync.payload=lora",
-        "nodes.sync.bucket_mb=0.01"])                         # tiny buckets: many per sync
+        "nodes.sync.transport_options.bucket_mb=0.01"])                         # tiny buckets: many per sync
     records, states = _run(plan, "ray-tasks")
     versions = [r["weights_version"] for r in records if "weights_version" in r]
     assert versions == [0, 1, 2, 3], versions

@@ -32,6 +32,8 @@ EXE = str(Path(sys.executable).with_name("omnigraph"))
      "unknown environment calculator option 'latncy_s' (did you mean 'latency_s'?"),
     ("grpo_one_step_off.yaml", "runtime.logger_options={wandb: {projet: x}}", "runtime.logger_options.wandb.projet",
      "unknown logger wandb option 'projet' (did you mean 'project'?"),
+    ("gpu/grpo_one_step_off_2gpu.yaml", "nodes.sync.transport_options.bucket_m=1", "nodes.sync.transport_options.bucket_m",
+     "unknown weights path nccl option 'bucket_m' (did you mean 'bucket_mb'?"),
 ])
 def test_a_misspelt_option_of_every_plugin_kind_is_refused_at_check_with_the_closest_key(graph, override, where,
                                                                                          says):
@@ -82,3 +84,18 @@ def test_a_data_field_a_task_does_not_take_is_named():
     with pytest.raises(GraphError) as e:
         og.compile(GRAPHS / "smollm2_reasoning_gym.yaml", overrides=["task.epochs=2"])
     assert e.value.where == "task.epochs" and "does not apply to task 'reasoning_gym'" in e.value.message
+
+
+def test_a_backend_option_written_as_a_node_field_says_where_it_belongs():
+    with pytest.raises(GraphError) as e:
+        og.compile(GRAPHS / "smollm2_vllm_one_step_off.yaml", overrides=["nodes.generate.lora_serving=merged"])
+    assert e.value.where == "nodes.generate.lora_serving" and "an option of backend vllm" in e.value.message
+    assert "options: {lora_serving: ...}" in e.value.fix
+
+
+@pytest.mark.parametrize("override, close", [("nodes.update.lrr=1", "lr"), ("pools.rollout.cpu=1", "cpus"),
+                                             ("schedule.itertions=3", "iterations")])
+def test_a_misspelt_graph_field_gets_the_closest_one(override, close):
+    with pytest.raises(GraphError) as e:
+        og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=[override])
+    assert f"(did you mean '{close}'?)" in e.value.message and e.value.fix == f"use '{close}'"

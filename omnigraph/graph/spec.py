@@ -261,9 +261,9 @@ class SyncNode(NodeBase):
     that changed in the wire dtype, checked on arrival (``omnigraph.transports.delta``)."""
     every: int | None = Field(None, ge=1, le=1_000_000)
     """Fire on every k-th update; default ``schedule.sync_every``."""
-    bucket_mb: float = Field(256, ge=0.001, le=65_536)
-    """Weights over NCCL go in buckets of this size: the sender's and each receiver's extra GPU memory is
-    two buckets, whatever the model's size (``omnigraph.transports.nccl``)."""
+    transport_options: dict[str, Any] = {}
+    """Options of the weights path the plan chooses for this node (``nccl``: ``bucket_mb``), validated against
+    the options that path declares."""
 
 
 class CustomNode(NodeBase):

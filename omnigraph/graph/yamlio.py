@@ -15,14 +15,17 @@ omnigraph.errors.GraphError: g.yaml:1: nodes.update.lr: Input should be greater 
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import ValidationError
 
+from .. import plugins
 from ..errors import GraphError, GraphErrors
-from .spec import NODE_KINDS, GraphSpec
+from ..sdk import options_model
+from .spec import NODE_KINDS, GraphSpec, NodeSpec
 
 MAX_BYTES = 1_000_000
 MAX_DEPTH = 32
@@ -259,13 +262,13 @@ def validate_raw(raw: dict, source: str = "<yaml>", lines: dict[tuple, int] | No
     try:
         return GraphSpec.model_validate(raw)
     except ValidationError as e:
-        errors = [_translate(err, source, lines) for err in e.errors()[:8]]
+        errors = [_translate(err, source, lines, raw) for err in e.errors()[:8]]
         raise (errors[0] if len(errors) == 1 else GraphErrors(errors)) from None
     except RecursionError:
         raise GraphError("the document nests too deeply", source=source) from None
 
 
-def _translate(err: dict, source: str, lines: dict[tuple, int]) -> GraphError:
+def _translate(err: dict, source: str, lines: dict[tuple, int], raw: Any = None) -> GraphError:
     loc = _clean_loc(err["loc"])
     where = ".".join(str(p) for p in loc) or "(document)"
     line = None
@@ -277,8 +280,14 @@ def _translate(err: dict, source: str, lines: dict[tuple, int]) -> GraphError:
     msg = err["msg"]
     if kind == "extra_forbidden":
         field = loc[-1] if loc else "?"
-        return GraphError(f"unknown field '{field}'", where=where, line=line, source=source,
-                          fix=f"remove '{field}' or correct its spelling")
+        known, option = _known_fields(loc[:-1], raw, field)
+        close = difflib.get_close_matches(str(field), known, n=1)
+        if option:
+            return GraphError(f"unknown field '{field}': it is an option of backend {option}", where=where, line=line,
+                              source=source, fix=f"write it under options: (options: {{{field}: ...}})")
+        return GraphError(f"unknown field '{field}'" + (f" (did you mean '{close[0]}'?)" if close else ""),
+                          where=where, line=line, source=source,
+                          fix=f"use '{close[0]}'" if close else f"remove '{field}' or correct its spelling")
     if kind == "union_tag_invalid" or kind == "union_tag_not_found":
         return GraphError(f"{msg}", where=where, line=line, source=source,
                           fix=f"set kind to one of: {', '.join(NODE_KINDS)}")
@@ -287,6 +296,49 @@ def _translate(err: dict, source: str, lines: dict[tuple, int]) -> GraphError:
                           fix=f"add '{loc[-1]}'")
     return GraphError(msg.removeprefix("Value error, "), where=where, line=line, source=source,
                       fix=_FIXES.get(kind, "see the field's documentation in omnigraph/graph/spec.py (and spec_rollout.py)"))
+
+
+def _known_fields(parent: tuple, raw: Any, field: Any = None) -> tuple[list[str], str | None]:
+    """The field names of the schema at ``parent`` (a section, a node, a pool), found from the raw document; and,
+    for a node whose backend's own options hold ``field``, that backend (the field belongs under ``options:``)."""
+    model: Any = GraphSpec
+    keyed = False                                   # the last step was a mapping of names (pools, nodes): skip a key
+    for i, part in enumerate(parent):
+        if keyed:
+            keyed = False
+            continue
+        info = getattr(model, "model_fields", {}).get(part) if isinstance(part, str) else None
+        if info is None:
+            return [], None
+        if part == "nodes" and i + 1 < len(parent) and len(parent) == i + 2:
+            return _node_fields(parent[i + 1], raw, field)
+        ann = info.annotation
+        if get_origin(ann) is dict:
+            ann, keyed = get_args(ann)[1], True
+        args = [a for a in get_args(ann) if isinstance(a, type) and hasattr(a, "model_fields")]
+        model = args[0] if args else ann
+        if not (isinstance(model, type) and hasattr(model, "model_fields")):
+            return [], None
+    return list(getattr(model, "model_fields", {})), None
+
+
+def _node_fields(name: Any, raw: Any, field: Any) -> tuple[list[str], str | None]:
+    node = ((raw or {}).get("nodes") or {}).get(name) if isinstance(raw, dict) else None
+    if not isinstance(node, dict):
+        return [], None
+    classes = {c.model_fields["kind"].annotation.__args__[0]: c for c in get_args(get_args(NodeSpec)[0])}
+    model = classes.get(node.get("kind"))
+    if model is None:
+        return [], None
+    backend = node.get("backend") or getattr(model.model_fields.get("backend"), "default", None)
+    option = None
+    if backend and field is not None:
+        try:
+            opts = options_model(plugins.backend(node["kind"], backend))
+            option = backend if opts is not None and field in opts.model_fields else None
+        except Exception:  # noqa: BLE001 - a hint only: an unknown backend is reported on its own
+            option = None
+    return list(model.model_fields), option
 
 
 def _clean_loc(loc: tuple) -> tuple:

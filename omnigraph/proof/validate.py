@@ -343,9 +343,14 @@ def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], edges: list[Edge], e
     for n in nodes.values():
         if n.role == "exporter":
             try:
-                transports.choose(spec, n.name)
+                path = transports.choose(spec, n.name)
+                cls = plugins.load("transports", path, where=f"nodes.{n.name}")
             except GraphError as e:
                 errors.extend(e)
+                continue
+            for problem in plugins.typed_options(cls, getattr(n.spec, "transport_options", None),
+                                                 f"nodes.{n.name}.transport_options", kind=f"weights path {path}")[1]:
+                errors.extend(problem)
     for e in edges:
         if not e.state:
             try:

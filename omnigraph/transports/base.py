@@ -13,7 +13,7 @@ import contextlib
 import threading
 from typing import Any, Mapping
 
-from ..sdk import Weights, WeightsState
+from ..sdk import Options, Weights, WeightsState
 
 _local = threading.local()
 
@@ -46,9 +46,15 @@ class Transport:
     """At most this many exports are unread by a receiver at a time (set from the plan's staleness bound:
     a transport that lends its buffers keeps this many)."""
 
+    class Options(Options):
+        """A weights path's options (``nodes.<sync>.transport_options``); this one takes none."""
+
     def __init__(self, node: str, options: Any = None):
         self.node = node
         self.options = options
+        raw = getattr(options, "transport_options", None) or {}
+        self.settings = self.Options.model_validate(raw)
+        """This path's own options, typed (the compiler validated them already, when the graph was checked)."""
 
     def export(self, state: WeightsState, version: int, fault=None) -> Weights:
         """Package ``state`` (the trainer's current weights) for the receivers. ``fault(point)``: a test's fault

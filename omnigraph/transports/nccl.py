@@ -13,7 +13,7 @@ programs, and NCCL needs one GPU per rank). Instead:
 - ``sync`` describes the tensors once (:func:`describe`: names, shapes, wire
   dtypes, the bucket layout) and :func:`send` broadcasts them bucket by
   bucket: each bucket is cast into one of two reusable buffers of
-  ``sync.bucket_mb`` and broadcast, so the sender's extra memory is two
+  ``transport_options.bucket_mb`` and broadcast, so the sender's extra memory is two
   buckets whatever the model's size. The host does not wait for the
   receivers: the broadcasts queue on the GPU;
 - the :class:`NcclWeights` value that travels through the graph carries only
@@ -40,7 +40,9 @@ from typing import Any, Mapping
 
 import torch
 
-from ..sdk import Weights, WeightsState
+from pydantic import Field
+
+from ..sdk import Options, Weights, WeightsState
 from .base import Transport
 from . import weights_group
 from .groups import Group, group, member
@@ -232,10 +234,17 @@ class Nccl(Transport):
 
     name = "nccl"
 
+    class Options(Options):
+        """``nodes.<sync>.transport_options`` of the ``nccl`` path."""
+
+        bucket_mb: float = Field(256, ge=0.001, le=65_536)
+        """Weights go in buckets of this size: the sender's and each receiver's extra GPU memory is two buckets,
+        whatever the model's size."""
+
     def __init__(self, node, options=None):
         super().__init__(node, options)
         self.meta: NcclWeights | None = None
-        self.bucket_bytes = int(getattr(options, "bucket_mb", 256) * (1 << 20))
+        self.bucket_bytes = int(self.settings.bucket_mb * (1 << 20))
 
     def export(self, state: WeightsState, version: int, fault=None) -> Weights:
         g = group(weights_group(self.node))
