@@ -90,8 +90,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with a command's overrides and options in any order (``run GRAPH --run-dir DIR
+    key=value`` as ``run GRAPH key=value --run-dir DIR``): a subcommand is parsed intermixed."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))   # noqa: SLF001 - argparse's own
+    if argv and argv[0] in subs.choices:
+        args = subs.choices[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    return parser.parse_args(argv)                 # help, or the error naming the commands
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse(argv)
     try:
         return {"run": cmd_run, "check": cmd_check, "viz": cmd_viz, "ledger": cmd_ledger,
                 "plan": cmd_plan}[args.command](args)
@@ -261,7 +274,13 @@ def _preempted(p) -> int:
 
 
 def entry() -> None:
-    raise SystemExit(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:                        # the reader went away (| head): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

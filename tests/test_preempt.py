@@ -1,4 +1,4 @@
-"""Preemption: a signal checkpoints and stops the run, and the same command continues it (#23).
+"""Preemption: a signal checkpoints and stops the run, and the same command continues it.
 
 Real runs of the CLI in a subprocess: the signal is sent while steps are running, the process must
 end within the grace period with exit code 75 and a checkpoint, leave no process behind, and the
@@ -157,3 +157,45 @@ class TestRequeue:
 def test_a_bad_preempt_signal_names_the_field(capsys):
     assert main(["check", SYNTH, "runtime.preempt_signal=KILL"]) == 1
     assert "runtime.preempt_signal" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_documented_slurm_line_requeues_on_the_early_warning_and_the_requeued_job_finishes(tmp_path):
+    """The job script line of the runs guide, as written there: overrides after ``--run-dir``; the early-warning
+    signal makes ``omnigraph`` exit 75, which calls ``scontrol requeue``; the same line again continues the run to
+    its end (exit 0) and requeues nothing."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    from conftest import ROOT
+    text = (ROOT / "docs" / "guides" / "runs.md").read_text()
+    block = next(b for b in text.split("\n\n") if "scontrol requeue" in b)
+    line = " ".join(part.strip() for part in block.replace("\\\n", " ").splitlines())
+    assert line.startswith("omnigraph run graphs/grpo_one_step_off.yaml --run-dir") and "|| scontrol requeue" in line
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "requeued"}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {**os.environ, "SCRATCH": str(tmp_path / "scratch"), "SLURM_JOB_ID": "4242",
+           "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])}
+    job = subprocess.Popen(["bash", "-c", line], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    runs = tmp_path / "scratch" / "runs"
+    deadline = time.time() + 300
+    while time.time() < deadline and not stepped(runs, 3)():
+        time.sleep(0.2)
+    for child in psutil.Process(job.pid).children():
+        if "omnigraph" in " ".join(child.cmdline()):
+            child.send_signal(signal.SIGUSR1)
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err[-2000:]                  # 75, then the requeue succeeded
+    assert (tmp_path / "requeued").read_text().split() == ["requeue", "4242"], err[-2000:]
+    (d,) = runs.iterdir()
+    assert (d / "metrics.jsonl").read_text().count("\n") < 61        # stopped short of the end
+    again = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and f"continuing {d}" in again.stdout, again.stderr[-2000:]
+    assert (d / "metrics.jsonl").read_text().count("\n") == 61
+    assert (tmp_path / "requeued").read_text().split() == ["requeue", "4242"]     # nothing requeued the second time
