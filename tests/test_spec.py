@@ -58,9 +58,12 @@ class TestLoading:
         with pytest.raises(GraphError, match=r"g\.yaml:4: schedule\.iterations: Input should be greater than or equal to 1"):
             load_text(text, "g.yaml")
 
-    def test_unknown_field_says_remove_or_correct(self):
-        with pytest.raises(GraphError, match=r"schedule\.sync_evry: unknown field 'sync_evry' \(fix: remove"):
+    def test_unknown_field_gets_the_closest_one_or_says_remove_or_correct(self):
+        with pytest.raises(GraphError, match=r"schedule\.sync_evry: unknown field 'sync_evry' \(did you mean "
+                                             r"'sync_every'\?\) \(fix: use 'sync_every'\)"):
             load_text("schedule: {sync_evry: 2}")
+        with pytest.raises(GraphError, match=r"schedule\.zzz: unknown field 'zzz' \(fix: remove 'zzz' or correct"):
+            load_text("schedule: {zzz: 2}")
 
     def test_python_tags_are_refused(self):
         with pytest.raises(GraphError, match="invalid YAML"):
@@ -146,3 +149,22 @@ class TestDumpAndBuilder:
 
     def test_default_spec_is_valid_schema(self):
         assert GraphSpec().schedule.mode == "one_step_off"
+
+
+class TestOverrideMistakes:
+    def test_a_misspelt_node_or_pool_in_an_override_gets_the_closest_name_and_cites_the_command_line(self):
+        with pytest.raises(GraphError) as e:
+            og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["nodes.generat.max_new_tokens=4"])
+        assert str(e.value).startswith("override 'nodes.generat.max_new_tokens=4': nodes.generat: no node 'generat' "
+                                       "(did you mean 'generate'?)")
+        assert e.value.fix == "use 'nodes.generate.max_new_tokens=4'"
+        with pytest.raises(GraphError, match=r"no pool 'rolout' \(did you mean 'rollout'\?\)"):
+            og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["pools.rolout.cpus=1"])
+
+    def test_a_bad_value_from_the_command_line_cites_the_override_not_a_line_of_the_file(self):
+        with pytest.raises(GraphError) as e:
+            og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["nodes.update.lr=-1"])
+        assert str(e.value).startswith("override 'nodes.update.lr=-1': nodes.update.lr: Input should be greater than 0")
+        with pytest.raises(GraphError) as e:                 # the same value in the file cites its line
+            og.load_text("name: x\nnodes:\n  update: {kind: update, pool: trainer, lr: -1}\n", "g.yaml")
+        assert str(e.value).startswith("g.yaml:3: nodes.update.lr")

@@ -69,9 +69,14 @@ def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
 
 def load_text(text: str, source: str = "<yaml>", overrides: list[str] | tuple[str, ...] = ()) -> GraphSpec:
     raw, lines = parse_yaml(text, source)
+    given: dict[tuple, str] = {}
     for item in overrides:
         raw = apply_override(raw, item)
-    return validate_raw(raw, source, lines)
+        key = tuple(item.partition("=")[0].strip().split("."))
+        given[key] = item
+        for path in [p for p in lines if p[:len(key)] == key]:     # the file's lines no longer hold these values
+            del lines[path]
+    return validate_raw(raw, source, lines, given)
 
 
 def parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
@@ -233,6 +238,16 @@ def apply_override(raw: dict, item: str) -> dict:
         value = _load(text, f"override '{item}'") if text.strip() else ""
     except (yaml.YAMLError, UnicodeError):
         value = text
+    if len(parts) > 2 and parts[0] in ("nodes", "pools") and isinstance(raw.get(parts[0]), dict) \
+            and parts[1] not in raw[parts[0]]:
+        known = sorted(raw[parts[0]])
+        close = difflib.get_close_matches(parts[1], known, n=1)
+        what = "node" if parts[0] == "nodes" else "pool"
+        raise GraphError(f"no {what} '{parts[1]}'" + (f" (did you mean '{close[0]}'?)" if close else "")
+                         + f" ({what}s: {', '.join(known)})", where=f"{parts[0]}.{parts[1]}",
+                         source=f"override '{item}'",
+                         fix=f"use '{'.'.join([parts[0], close[0], *parts[2:]])}={text}'" if close else
+                         f"name one of the {what}s, or add the {what} whole: {parts[0]}.{parts[1]}={{...}}")
     target: Any = raw
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
@@ -257,22 +272,29 @@ def apply_override(raw: dict, item: str) -> dict:
     return raw
 
 
-def validate_raw(raw: dict, source: str = "<yaml>", lines: dict[tuple, int] | None = None) -> GraphSpec:
+def validate_raw(raw: dict, source: str = "<yaml>", lines: dict[tuple, int] | None = None,
+                 overrides: dict[tuple, str] | None = None) -> GraphSpec:
+    """``raw`` as a GraphSpec; an error names the field and the YAML line, or the command-line override
+    (``overrides``: key path -> the ``key=value`` text) that set it."""
     lines = lines or {}
     try:
         return GraphSpec.model_validate(raw)
     except ValidationError as e:
-        errors = [_translate(err, source, lines, raw) for err in e.errors()[:8]]
+        errors = [_translate(err, source, lines, raw, overrides or {}) for err in e.errors()[:8]]
         raise (errors[0] if len(errors) == 1 else GraphErrors(errors)) from None
     except RecursionError:
         raise GraphError("the document nests too deeply", source=source) from None
 
 
-def _translate(err: dict, source: str, lines: dict[tuple, int], raw: Any = None) -> GraphError:
+def _translate(err: dict, source: str, lines: dict[tuple, int], raw: Any = None,
+               overrides: dict[tuple, str] | None = None) -> GraphError:
     loc = _clean_loc(err["loc"])
     where = ".".join(str(p) for p in loc) or "(document)"
     line = None
     for n in range(len(loc), -1, -1):
+        if loc[:n] in (overrides or {}):            # set on the command line: say that, not a line of the file
+            source, line = f"override '{overrides[loc[:n]]}'", None
+            break
         if loc[:n] in lines:
             line = lines[loc[:n]]
             break
