@@ -29,13 +29,47 @@ written ``×1.6`` / ``x1.60`` / ``1.6×`` / ``1.6x``, and a table cell holding n
 number (with or without such a unit). Not scanned: fenced code blocks (```` ``` ````), inline code
 (`` `...` ``), and a line that ends with ``<!-- nosrc -->`` (a setting, a prediction or a bound, not a
 measurement: the marker says so where the reviewer can see it).
+
+Three more rules, each with its own test
+----------------------------------------
+They read the marker's **paragraph**: the lines between blank lines, where a heading, a list item (``- ``,
+``1. ``) and a fenced block start a new one; a table row is a paragraph of its own, with the table's caption
+(the prose paragraph right above the table, at most one blank line away, not a heading) read before it.
+
+- **Sign** (in ``check``): a figure written with a minus (``-0.03``, ``−0.07``) must cite a negative value, one
+  written without must cite a value >= 0. A dash between two numbers is a range, not a sign (``0.1-0.2``,
+  ``0.1 - 0.2``, ``3–13``: the en dash is never a minus), and neither is a hyphen after a word (``lr1e-6``).
+- **Machine** (``check_machine``): where the paragraph names the machine the figure was taken on, the record
+  must have run there. The *nearest* mention before the marker decides (a paragraph naming no machine
+  before the marker is not checked); the mentions, read left to right as in ``MACHINES`` (so ``without
+  AMX`` is never also ``with AMX``)::
+
+      the page says                                  the record's machine must have
+      H100, H200, A100, B200, GH200, L40S, V100 (s)  that name, as a word, in one of gpus[*].name
+      AMD EPYC                                       "AMD EPYC" in cpu_model
+      Xeon                                           "Xeon" in cpu_model
+      with AMX, AMX CPU(s), Sapphire Rapids          cpu_flags.amx_bf16 true
+      without AMX, no AMX, AVX2 only, Ice Lake       cpu_flags.amx_bf16 false
+
+- **Age** (``check_age``): a record is as new as the code it measures, or its paragraph says it is not. The
+  benchmark's script is ``bench/<bench>.py``, else the record's ``argv[0]`` when that is a ``bench/*.py``
+  script other than ``bench/record.py`` (``scale_gpu`` is ``bench/scale.py --gpu``). When the last commit
+  that changed the script is not an ancestor of the record's ``git_rev`` (``git merge-base --is-ancestor``),
+  the marker's paragraph must hold the record's date as written in it (``2026-12-01``) or the word
+  ``predates`` or ``earlier``. Records with no script are not checked: ``make_run``, ``smollm2_run`` and the
+  like are an ``omnigraph run``'s ``summary.json`` kept by ``bench/record.py``; the code they measure is the
+  whole engine and its graph, so "the last commit that changed it" would be nearly every commit. Where the
+  repository has no history to answer from (no ``.git``, a shallow clone, a record's commit not in it) the
+  age test is skipped with the reason; the other rules still run.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
+import subprocess
 import sys
 import urllib.parse
 from dataclasses import dataclass
@@ -50,13 +84,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 MARKER = re.compile(r"\[src\]\((bench/results/[^)#\s]+?\.json)#([^)\s]+)\)")
 NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
-NUMBER = re.compile(r"(?<![\w.])-?(" + NUM + r")(?![\d]|\.\d|[A-Za-wyz_])")
+NUMBER = re.compile(r"(?<![\w.])([-−]?)(" + NUM + r")(?![\d]|\.\d|[A-Za-wyz_])")   # sign, figure
 UNIT = r"(?:s/step|s per step|seconds|tok/s|tokens/s|GB/s|MB/s|GiB/s|ms|µs|us|s|%)"
 MEASURED = re.compile(
     r"(?<![\w.])" + NUM + r"\s?" + UNIT + r"(?![A-Za-z])"            # 0.80 s, 349 tok/s, 10%
     r"|(?<![\w.])[×x]" + NUM + r"(?!\w|\.\d)"                       # ×1.60, x1.6
     r"|(?<![\w.])" + NUM + r"[×x](?![A-Za-z0-9])")                   # 2.8×, 5.3x
-BARE_CELL = re.compile(r"^[~≈<>]?\s*[×x]?\d[\d,]*\.\d+\s*(?:" + UNIT + r"|[×x])?$")
+BARE_CELL = re.compile(r"^[~≈<>]?\s*[-−]?[×x]?\d[\d,]*\.\d+\s*(?:" + UNIT + r"|[×x])?$")
 NOSRC = "<!-- nosrc -->"
 SCALE = re.compile(r"^(.*?)(?:([*/])([0-9.]+(?:[eE][-+]?\d+)?))?$")
 
@@ -69,6 +103,9 @@ class Cite:
     path: str
     text: str
     doc: str = "README.md"    # the page, relative to the repository root
+    sign: str = ""            # "-" where the figure is written with a minus
+    before: str = ""          # its paragraph up to the marker (the machine rule)
+    para: str = ""            # its whole paragraph (the age rule)
 
 
 def _blank_code(line: str) -> str:
@@ -94,23 +131,84 @@ def _segments(line: str) -> list[str]:
     return [line]
 
 
+LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s")
+HEADING = re.compile(r"^\s{0,3}#")
+
+
+def _paragraphs(text: str) -> dict[int, tuple[list[tuple[int, str]], str]]:
+    """For each line outside fenced blocks: ``(its paragraph's lines [(number, line)], caption)``, the caption
+    being, for a table row, the prose paragraph just above its table (see the module docstring), else ``""``."""
+    out: dict[int, tuple[list[tuple[int, str]], str]] = {}
+    para: list[tuple[int, str]] = []
+    last: list[tuple[int, str]] | None = None          # the last prose paragraph closed
+    fenced, caption, in_table = False, "", False
+
+    def close():
+        nonlocal para, last
+        if para:
+            last = para
+        para = []
+
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            close()
+            last, in_table = None, False
+            continue
+        if fenced:
+            continue
+        if not line.strip():
+            close()
+            in_table = False
+            continue
+        if line.lstrip().startswith("|"):
+            if not in_table:
+                close()
+                in_table = True
+                caption = "\n".join(t for _, t in last) if last and last[-1][0] >= n - 2 else ""
+                last = None
+            out[n] = ([(n, line)], caption)
+            continue
+        in_table = False
+        if HEADING.match(line):
+            close()
+            last = None
+            out[n] = ([(n, line)], "")
+            continue
+        if LIST_ITEM.match(line):
+            close()
+        para.append((n, line))
+        out[n] = (para, "")
+    return out
+
+
 def scan(text: str, doc: str = "README.md") -> tuple[list[Cite], list[tuple[int, str, str]]]:
     """The markers of ``text`` (the page ``doc``) with the figure each cites, and the measured-looking figures no
     marker cites: ``(line number, figure, line)``."""
     cites: list[Cite] = []
     loose: list[tuple[int, str, str]] = []
+    paragraphs = _paragraphs(text)
     for n, raw in _lines(text):
         if raw.rstrip().endswith(NOSRC):
             continue
         line = _blank_code(raw)
+        lines, caption = paragraphs.get(n, ([(n, raw)], ""))
+        caption = "\n".join(_blank_code(t) for t in caption.splitlines())
+        above = "\n".join([caption] + [_blank_code(t) for k, t in lines if k < n])
+        para = "\n".join([caption] + [_blank_code(t) for _, t in lines])
+        starts = iter(m.start() for m in MARKER.finditer(line))     # the same markers, in the same order
         for cell in _segments(line):
             pos = 0
             rest = []
             for m in MARKER.finditer(cell):
                 before = cell[pos:m.start()]
                 nums = list(NUMBER.finditer(before))
-                figure = nums[-1].group(1) if nums else None
-                cites.append(Cite(n, figure, m.group(1), m.group(2), raw.strip(), doc))
+                figure = nums[-1].group(2) if nums else None
+                sign = nums[-1].group(1) if nums else ""
+                if sign and re.search(r"\d\s*$", before[:nums[-1].start()]):
+                    sign = ""                                        # 0.1 - 0.2: a range, not a minus
+                cites.append(Cite(n, figure, m.group(1), m.group(2), raw.strip(), doc, "-" if sign else "",
+                                  above + "\n" + line[:next(starts)], para))
                 rest.append(before[:nums[-1].start()] if nums else before)
                 pos = m.end()
             tail = cell[pos:]
@@ -184,8 +282,156 @@ def check(cite: Cite, root: Path = ROOT) -> str | None:
     decimals = len(printed.split(".")[1]) if "." in printed else 0
     shown = f"{abs(value):.{decimals}f}"
     if shown != printed:
-        return f"{where}: the page says {cite.figure}, the record holds {value!r} (= {shown} at that precision)"
+        return (f"{where}: the page says {cite.sign}{cite.figure}, the record holds {value!r} "
+                f"(= {shown} at that precision)")
+    if cite.sign and not value < 0:
+        return f"{where}: the page says -{cite.figure}, the record holds {value!r}: not negative"
+    if not cite.sign and value < 0:
+        return f"{where}: the page says {cite.figure}, the record holds {value!r}: write the minus"
     return None
+
+
+def _record_of(cite: Cite, root: Path) -> dict | None:
+    """The cited record, or None where ``check`` already says what is wrong with it."""
+    try:
+        rec = json.loads((root / cite.file).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("machine"), dict) else None
+
+
+# The machines a page may name: (pattern, what the record's machine must have). Read left to right with
+# one alternation, so the longer phrase wins where two overlap ("without AMX" is not also "with AMX").
+GPU_NAMES = r"GH200|H100|H200|A100|B200|L40S|V100"
+MACHINES: list[tuple[str, str, object]] = [
+    # pattern in the text (a regex)                           field of machine      must be / contain
+    (r"\b(?:without|no) AMX\b", "amx", False),
+    (r"\bAVX2[ -]only\b", "amx", False),
+    (r"\bIce Lake\b", "amx", False),
+    (r"\bwith AMX\b", "amx", True),
+    (r"\bAMX CPUs?\b", "amx", True),
+    (r"\bSapphire Rapids\b", "amx", True),
+    (r"\bAMD EPYCs?\b", "cpu_model", "AMD EPYC"),
+    (r"\bXeons?\b", "cpu_model", "Xeon"),
+    (r"\b(?:" + GPU_NAMES + r")s?\b", "gpus", None),            # None: the name the text uses
+]
+MACHINE = re.compile("|".join(f"(?P<m{i}>{p})" for i, (p, _, _) in enumerate(MACHINES)))
+
+
+def machine_named(text: str) -> tuple[str, str, object] | None:
+    """The last machine mention of ``text``: ``(the words, field, expected)``, or None."""
+    found = None
+    for m in MACHINE.finditer(text):
+        i = int(m.lastgroup[1:])
+        _, field, want = MACHINES[i]
+        if field == "gpus":
+            want = re.match(GPU_NAMES, m.group(0)).group(0)
+        found = (m.group(0), field, want)
+    return found
+
+
+def check_machine(cite: Cite, root: Path = ROOT) -> str | None:
+    """Where the paragraph names the machine before the marker, whether the record ran on it."""
+    named = machine_named(cite.before)
+    rec = _record_of(cite, root)
+    if named is None or rec is None:
+        return None
+    words, field, want = named
+    m = rec["machine"]
+    if field == "gpus":
+        gpus = [g.get("name", "") for g in m.get("gpus") or [] if isinstance(g, dict)]
+        ok, has = any(re.search(rf"\b{want}\b", g) for g in gpus), f"GPUs {gpus}"
+    elif field == "cpu_model":
+        ok, has = want in (m.get("cpu_model") or ""), f"CPU {m.get('cpu_model')!r}"
+    else:
+        amx = (m.get("cpu_flags") or {}).get("amx_bf16")
+        ok, has = amx is want, f"amx_bf16 {amx}"
+    if ok:
+        return None
+    return (f"{cite.doc}:{cite.line}: [src]({cite.file}#{cite.path}): the paragraph says {words!r} before "
+            f"it, the record ran on {has}")
+
+
+# ---------------------------------------------------------------- the age rule: git
+
+class NoHistory(Exception):
+    """The repository cannot say whether a record is as new as its script."""
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def history_missing(root: Path) -> str | None:
+    """Why ``root`` has no history to check records' age against, or None."""
+    done = _git(root, "rev-parse", "--is-shallow-repository")
+    if done is None:
+        return "git is not installed"
+    if done.returncode != 0:
+        return f"{root} is not a git repository git can read ({done.stderr.strip()[:120]})"
+    if done.stdout.strip() == "true":
+        return "a shallow clone: the commits the records were taken at are not here"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def last_change(root: Path, script: str) -> str | None:
+    """The last commit that changed ``script``, or None (never committed)."""
+    done = _git(root, "log", "-1", "--format=%H", "--", script)
+    if done is None or done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+@functools.lru_cache(maxsize=None)
+def is_ancestor(root: Path, older: str, newer: str) -> bool:
+    """Whether ``older`` is ``newer`` or an ancestor of it; NoHistory where git does not know a commit."""
+    done = _git(root, "merge-base", "--is-ancestor", older, newer)
+    if done is None or done.returncode not in (0, 1):
+        raise NoHistory(f"git does not know commit {newer} ({(done.stderr.strip() if done else '')[:120]})")
+    return done.returncode == 0
+
+
+def script_of(rec: dict, root: Path = ROOT) -> str | None:
+    """The benchmark script a record measures (module docstring), or None."""
+    own = f"bench/{rec.get('bench')}.py"
+    if (root / own).is_file():
+        return own
+    argv0 = (rec.get("argv") or [None])[0]
+    if (isinstance(argv0, str) and re.fullmatch(r"bench/\w+\.py", argv0) and argv0 != "bench/record.py"
+            and (root / argv0).is_file()):
+        return argv0
+    return None
+
+
+PREDATES = re.compile(r"\b(?:predates|earlier)\b", re.IGNORECASE)
+
+
+def check_age(cite: Cite, root: Path = ROOT) -> str | None:
+    """Whether the record is as new as its script's last change, or its paragraph says when it was taken.
+    Raises NoHistory where the repository cannot say."""
+    rec = _record_of(cite, root)
+    if rec is None or not isinstance(rec.get("git_rev"), str) or not isinstance(rec.get("date"), str):
+        return None
+    script = script_of(rec, root)
+    if script is None:
+        return None
+    why = history_missing(root)
+    if why:
+        raise NoHistory(why)
+    last = last_change(root, script)
+    if last is None or is_ancestor(root, last, rec["git_rev"]):
+        return None
+    date = rec["date"][:10]
+    if date in cite.para or PREDATES.search(cite.para):
+        return None
+    return (f"{cite.doc}:{cite.line}: [src]({cite.file}#{cite.path}): recorded at {rec['git_rev'][:10]} "
+            f"({date}), before {last[:10]} changed {script}; say so in its paragraph ({date}, or "
+            f"'predates ...' / 'earlier')")
 
 
 # ---------------------------------------------------------------- README.md and docs/
@@ -201,6 +447,32 @@ def test_every_marker_cites_a_recorded_value(page):
     if errors:
         pytest.fail(f"{len(errors)} of {len(cites)} figures in {_name(page)} do not match their source:\n"
                     + "\n".join(errors), pytrace=False)
+
+
+@pytest.mark.parametrize("page", DOCS, ids=_name)
+def test_every_machine_named_is_the_records(page):
+    cites, _ = scan(page.read_text(), _name(page))
+    errors = [e for c in cites if (e := check_machine(c))]
+    if errors:
+        pytest.fail(f"{len(errors)} figures in {_name(page)} cite a record of another machine than the text "
+                    f"names:\n" + "\n".join(errors), pytrace=False)
+
+
+@pytest.mark.parametrize("page", DOCS, ids=_name)
+def test_every_record_is_as_new_as_its_script_or_dated(page):
+    cites, _ = scan(page.read_text(), _name(page))
+    errors, unknown = [], set()
+    for c in cites:
+        try:
+            if e := check_age(c):
+                errors.append(e)
+        except NoHistory as e:
+            unknown.add(str(e))
+    if errors:
+        pytest.fail(f"{len(errors)} figures in {_name(page)} cite a record older than its benchmark's code, and "
+                    f"their paragraph does not say so:\n" + "\n".join(errors), pytrace=False)
+    if unknown:
+        pytest.skip("the age of some records cannot be checked: " + "; ".join(sorted(unknown)))
 
 
 @pytest.mark.parametrize("page", DOCS, ids=_name)
@@ -262,6 +534,130 @@ def test_the_checker_rejects_wrong_figures_and_missing_provenance(tmp_path):
     for ok in ("2.78", "2.8", "3"):
         (cite,), _ = scan(f"{ok} [src]({good}#s)")
         assert check(cite, tmp_path) is None, ok
+
+
+def test_the_checker_reads_the_sign(tmp_path):
+    f = _record(tmp_path, {"neg": -0.025, "pos": 0.025, "ms": -0.0021})
+    bad = {f"gap -0.03 [src]({f}#pos)": "not negative",
+           f"gap −0.03 [src]({f}#pos)": "not negative",
+           f"gap 0.03 [src]({f}#neg)": "write the minus",
+           f"| 0.03 [src]({f}#neg) |": "write the minus",
+           f"took 2.1 ms [src]({f}#ms*1000)": "write the minus"}
+    for text, why in bad.items():
+        (cite,), _ = scan(text)
+        err = check(cite, tmp_path)
+        assert err and why in err, (text, err)
+    good = [f"gap -0.03 [src]({f}#neg)", f"gap −0.03 [src]({f}#neg)", f"| -0.03 [src]({f}#neg) |",
+            f"(`gap_sigma` -0.03 [src]({f}#neg))", f"gap 0.03 [src]({f}#pos)",
+            f"between 0.01-0.03 [src]({f}#pos)", f"0.01 - 0.03 [src]({f}#pos)", f"0.01–0.03 [src]({f}#pos)",
+            f"3–0.03 [src]({f}#pos)", f"took -2.1 ms [src]({f}#ms*1000)"]
+    for text in good:
+        (cite,), _ = scan(text)
+        assert check(cite, tmp_path) is None, text
+
+
+def test_the_checker_matches_the_machine_named(tmp_path):
+    h100 = _record(tmp_path, {"s": 2.7812}, machine={
+        "cpu_model": "Intel(R) Xeon(R) Processor", "cpu_flags": {"amx_bf16": True},
+        "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.1}]})
+    epyc = _record(tmp_path, {"s": 2.7812}, machine={
+        "cpu_model": "AMD EPYC 7B13", "cpu_flags": {"amx_bf16": False}, "gpus": []})
+    bad = {f"On one H200, sync took 2.78 s [src]({h100}#s).": "says 'H200'",
+           f"On H200s:\nsync took 2.78 s [src]({h100}#s).": "says 'H200s'",
+           f"On one A100: 2.78 s [src]({h100}#s)": "says 'A100'",
+           f"On the 2-core Xeon with AMX: 2.78 s [src]({epyc}#s)": "says 'with AMX'",
+           f"On a 2-core AMD EPYC: 2.78 s [src]({h100}#s)": "says 'AMD EPYC'",
+           f"On a CPU without AMX: 2.78 s [src]({h100}#s)": "says 'without AMX'",
+           f"an AVX2-only CPU: 2.78 s [src]({h100}#s)": "says 'AVX2-only'",
+           f"on the GPU (H100) 2.78 s [src]({h100}#s), on an H200 2.78 s [src]({h100}#s)": "says 'H200'",
+           f"Measured on one H200:\n\n| what | s |\n| --- | --- |\n| sync | 2.78 [src]({h100}#s) |": "says 'H200'",
+           f"| on the H200 | 2.78 [src]({h100}#s) |": "says 'H200'"}
+    for text, why in bad.items():
+        cites, _ = scan(text)
+        errs = [e for c in cites if (e := check_machine(c, tmp_path))]
+        assert len(errs) == 1 and why in errs[0], (text, errs)
+    good = [f"On one H100, sync took 2.78 s [src]({h100}#s).",
+            f"On an H200 it was slower; on the H100 host 2.78 s [src]({h100}#s).",     # the nearest decides
+            f"On the Xeon with AMX (a Sapphire Rapids): 2.78 s [src]({h100}#s)",
+            f"On a 2-core AMD EPYC without AMX: 2.78 s [src]({epyc}#s)",
+            f"On an H200 it was slower.\n\nHere: 2.78 s [src]({h100}#s)",            # another paragraph
+            f"- On an H200 it was slower.\n- Faults: 2.78 s [src]({epyc}#s)",          # another list item
+            f"## On an H200\n2.78 s [src]({epyc}#s)",                                  # a heading is its own
+            f"2.78 s [src]({epyc}#s) on an H200 host",                                  # after it: not read
+            f"`H200` is a setting: 2.78 s [src]({epyc}#s)",                             # inline code
+            f"| on the H100 | 2.78 [src]({h100}#s) |\n| on an AMD EPYC | 2.78 [src]({epyc}#s) |",
+            f"Measured on one H200:\n\n```\nH200\n```\n\n| sync | 2.78 [src]({h100}#s) |"]
+    for text in good:
+        cites, _ = scan(text)
+        assert cites and [check_machine(c, tmp_path) for c in cites] == [None] * len(cites), text
+
+
+def _git_repo(root: Path) -> callable:
+    """A small git repository at ``root``; returns ``commit(path, text) -> sha``."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.org",
+                               "-c", "commit.gpgsign=false", *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    root.mkdir(parents=True, exist_ok=True)
+    git("init", "-q")
+
+    def commit(path: str, text: str) -> str:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+        git("add", path)
+        git("commit", "-q", "-m", f"change {path}")
+        return git("rev-parse", "HEAD")
+    return commit
+
+
+def test_the_checker_asks_an_old_record_to_say_its_date(tmp_path):
+    commit = _git_repo(tmp_path)
+    first = commit("bench/demo.py", "print(1)\n")
+    old = _record(tmp_path, {"s": 2.7812}, git_rev=first, date="2026-12-01T10:11:12+00:00")
+    commit("bench/demo.py", "print(2)\n")                   # the script changed since the old record
+    unrelated = commit("README.md", "x\n")                  # a later commit elsewhere: as new as the script
+    fresh = _record(tmp_path, {"s": 2.7812}, git_rev=unrelated)
+    run = _record(tmp_path, {"s": 2.7812}, bench="demo_run", git_rev=first, argv=["bench/record.py", "demo_run"])
+    other = _record(tmp_path, {"s": 2.7812}, bench="demo_gpu", git_rev=first, argv=["bench/demo.py", "--gpu"])
+    bad = {f"sync took 2.78 s [src]({old}#s)": "before",
+           f"sync took 2.78 s [src]({other}#s)": "changed bench/demo.py",          # its script by argv
+           f"On 2026-12-02: 2.78 s [src]({old}#s)": "2026-12-01",                  # another date
+           f"Earlier figures are below.\n\nsync took 2.78 s [src]({old}#s)": "before"}
+    for text, why in bad.items():
+        cites, _ = scan(text)
+        errs = [e for c in cites if (e := check_age(c, tmp_path))]
+        assert len(errs) == 1 and why in errs[0], (text, errs)
+    good = [f"sync took 2.78 s [src]({fresh}#s)",
+            f"sync took 2.78 s [src]({old}#s) (2026-12-01)",
+            f"On 2026-12-01,\nsync took 2.78 s [src]({old}#s).",
+            f"A figure that predates the new script: 2.78 s [src]({old}#s)",
+            f"| sync, an earlier run | 2.78 [src]({old}#s) |",
+            f"Recorded 2026-12-01:\n\n| sync | 2.78 [src]({old}#s) |",                 # the table's caption
+            f"a run's summary: 2.78 s [src]({run}#s)"]                                # no script: not checked
+    for text in good:
+        (cite,), _ = scan(text)
+        assert check_age(cite, tmp_path) is None, text
+    gone = _record(tmp_path, {"s": 2.7812}, git_rev="0123abc" * 5 + "01234")
+    (cite,), _ = scan(f"2.78 s [src]({gone}#s)")
+    with pytest.raises(NoHistory, match="does not know commit"):
+        check_age(cite, tmp_path)
+
+
+def test_the_age_rule_is_skipped_without_history(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    origin, copy, bare = tmp_path / "origin", tmp_path / "shallow", tmp_path / "bare"
+    commit = _git_repo(origin)
+    commit("bench/demo.py", "print(1)\n")
+    rev = commit("bench/demo.py", "print(2)\n")
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{origin}", str(copy)], check=True)
+    bare.mkdir()
+    (bare / "bench").mkdir()
+    (bare / "bench" / "demo.py").write_text("print(2)\n")
+    for root, why in ((copy, "shallow clone"), (bare, "not a git repository")):
+        rec = _record(root, {"s": 2.7812}, git_rev=rev)
+        (cite,), _ = scan(f"2.78 s [src]({rec}#s)")
+        with pytest.raises(NoHistory, match=why):
+            check_age(cite, root)
 
 
 # ---------------------------------------------------------------- bench/record.py
