@@ -251,3 +251,14 @@ def test_the_reasoning_gym_graph_trains_end_to_end(tmp_path):
     assert len(evals) >= 2 and all(0.0 <= a <= 1.0 for a in evals)
     assert len([r for r in res.metrics if "grad_norm" in r]) == 3          # one step off: batches 0, 1, 2 trained
     assert read(res.run_dir).ok and (res.run_dir / "final" / "adapter").is_dir()
+
+
+def test_no_held_out_split_is_a_warning_at_check_and_a_run_without_evaluation(tmp_path):
+    """``task.eval_split: null`` with a generator that evaluates: ``check`` says there will be no evaluation, and
+    the run trains without one (it died at its first step on an empty held-out set)."""
+    from omnigraph.runtime import run
+    plan = og.compile(DATA_GRAPH, overrides=["task.eval_split=null", "schedule.iterations=2", "runtime.executor=local",
+                                             "nodes.generate.eval_every=1"])
+    assert any("holds no prompts out" in w for w in plan.warnings), plan.warnings
+    rows = run(plan, run_dir=tmp_path, progress=False).metrics
+    assert not any("eval_accuracy" in r for r in rows) and sum("reward_mean" in r for r in rows) == 3

@@ -156,7 +156,9 @@ class Interpreter:
             if rows:                                        # prompts from data: the ledger keys groups by row
                 record["generated_rows"] = rows
             if self._eval_due(n, step) and hasattr(impl, "evaluate"):
-                batch.meta["eval"] = impl.evaluate(self.task.eval_set())
+                held_out = self.task.eval_set()
+                if held_out:                      # a task without held-out prompts is not evaluated
+                    batch.meta["eval"] = impl.evaluate(held_out)
             return {out_port: batch}
         if n.role == "scorer":
             return {out_port: impl.score(step, values[next(iter(n.inputs))])}

@@ -76,6 +76,10 @@ def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
     errors.raise_if_any()
     graph = Graph(name=spec.name, spec=spec, nodes=nodes, edges=edges, topo=topo, data=data)
     graph.warnings.extend(overlap_warnings(graph))
+    evaluating = [n for n, o in spec.nodes.items() if getattr(o, "eval_every", 0)]
+    if data is not None and data.get("eval_rows") == 0 and evaluating:
+        graph.warnings.append(f"'{evaluating[0]}' evaluates every {spec.nodes[evaluating[0]].eval_every} steps, but the "
+                              "task holds no prompts out (task.eval_split): there will be no evaluation")
     return graph
 
 
