@@ -130,7 +130,7 @@ def test_full_weight_update_matches_transformers(monkeypatch):
         before = check_against_trainer(gen, pol, 0.7)
         # the "in place" path, as where the direct one cannot be proven
         with monkeypatch.context() as m:
-            m.setattr(vllm_weights.Direct, "learn", classmethod(lambda cls, *args: None))
+            m.setattr(vllm_weights.Direct, "learn", classmethod(lambda cls, *args, **kwargs: None))
             perturb(pol.model, 0.05)
             gen.load_weights(export(spec, sync, 1))
             assert gen.version == 1

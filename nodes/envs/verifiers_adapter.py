@@ -30,6 +30,7 @@ The model is never called through verifiers: an environment that calls it itself
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -40,6 +41,7 @@ import threading
 from typing import Any
 
 from omnigraph.sdk import ConfigError, Environment, EnvStep, Options, Prompt, load
+from omnigraph.sdk.adapters import verifiers as verifiers_internals
 
 WHERE = "nodes.<generate>.env.options.env"
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -76,17 +78,26 @@ def verifiers():
                       "verifiers.v1)", where=WHERE, fix="pip install 'verifiers>=0.2,<0.4'")
 
 
+@contextlib.contextmanager
+def _no_signal_handlers():
+    """Within the block, ``signal.signal`` installs nothing (it returns the current handler, as if it had
+    replaced it): the block runs off the main thread, where Python refuses to install handlers. The swap is
+    process-wide; ``signal.signal`` itself is back when the block ends."""
+    install = signal.signal
+    signal.signal = lambda sig, handler: signal.getsignal(sig)
+    try:
+        yield
+    finally:
+        signal.signal = install
+
+
 def _built_anywhere(make):
     """``make()``, also off the main thread: a verifiers environment installs SIGINT/SIGTERM handlers as it
     is built, which Python allows only in the main thread; elsewhere it goes without them."""
     if threading.current_thread() is threading.main_thread():
         return make()
-    install = signal.signal
-    signal.signal = lambda sig, handler: signal.getsignal(sig)
-    try:
+    with _no_signal_handlers():
         return make()
-    finally:
-        signal.signal = install
 
 
 @functools.lru_cache(maxsize=None)
@@ -153,7 +164,7 @@ class VerifiersEnv(Environment):
                               fix="give env_args as plain values (numbers, strings, lists, mappings)") from None
         self.vf = verifiers()
         self.env = environment(env, args)
-        self.normalize = importlib.import_module(f"{self.vf.__name__}.utils.message_utils").normalize_messages
+        self.normalize = verifiers_internals.normalize_messages(self.vf)
         self.state = None
         self.messages: list = []          # the conversation so far, as verifiers messages
 

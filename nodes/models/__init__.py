@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from omnigraph.sdk.adapters import transformers as transformers_adapter
+
 
 def cache_root() -> Path:
     return Path(os.environ.get("OMNIGRAPH_CACHE", Path.home() / ".cache" / "omnigraph"))
@@ -32,15 +34,23 @@ def cached(name: str, recipe: list, seed: int, build, log=print) -> Path:
 
 
 def load(path: Path, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) from a local directory."""
+    """(model, tokenizer) from a local directory, without transformers' progress bars ("Loading weights"): a run
+    prints its own progress (they are switched back on after, where they were on)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return model, tok
 
 
@@ -49,17 +59,16 @@ def warm(model_dir: Path | None) -> None:
     without building either. Run in the process Ray's workers are forked from (``runtime.warm_workers``), so that
     every actor starts with them imported."""
     import torch  # noqa: F401
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+    from transformers import AutoConfig
 
     if model_dir is None or not (Path(model_dir) / "config.json").exists():
         return
     config = AutoConfig.from_pretrained(model_dir)
-    AutoModelForCausalLM._model_mapping[type(config)]            # imports transformers.models.<type>.modeling_<type>
+    transformers_adapter.causal_lm_class(config)       # imports transformers.models.<type>.modeling_<type>
     tok = Path(model_dir) / "tokenizer_config.json"
     name = json.loads(tok.read_text()).get("tokenizer_class") if tok.exists() else None
     if name:
-        tokenizer_class_from_name(name)
+        transformers_adapter.tokenizer_class(name)
 
 
 def contiguous(model) -> int:

@@ -45,6 +45,8 @@ from typing import Callable
 
 import torch
 
+from omnigraph.sdk.adapters import transformers as transformers_adapter
+
 from nodes.models.tokens import token_logprobs
 
 LEAST = 32           # the smallest prompt bucket
@@ -80,12 +82,11 @@ def gqa_attention(module, query, key, value, attention_mask, dropout: float = 0.
     ``g`` query heads of each key/value head attend as ``g`` query rows (``[B, KV, g, D]``) over the keys and
     values as they are, not copied ``g`` times. Query head ``h`` belongs to key/value head ``h // g``, as in
     ``repeat_kv``; the padding mask ``[B, 1, 1, L]`` is the same for all of them."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     B, H, q, D = query.shape
     kv = key.shape[1]
     if q != 1 or kv == H or dropout or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        sdpa = transformers_adapter.sdpa_attention_forward()
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     mask = attention_mask
     if mask is not None and mask.ndim == 4:
         mask = mask[:, :, :, :key.shape[-2]]
@@ -99,14 +100,12 @@ def use_gqa(model) -> bool:
     transformers under :data:`GQA`, with sdpa's masks); True when it did."""
     cfg = getattr(model, "config", None)
     heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
-    if getattr(cfg, "_attn_implementation", None) == GQA:
+    attn = transformers_adapter.attn_implementation(cfg)
+    if attn == GQA:
         return True
-    if getattr(cfg, "_attn_implementation", None) != "sdpa" or not heads or not kv or heads == kv:
+    if attn != "sdpa" or not heads or not kv or heads == kv:
         return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register(GQA, gqa_attention)
-    AttentionMaskInterface.register(GQA, sdpa_mask)
+    transformers_adapter.register_attention(GQA, gqa_attention)
     model.set_attn_implementation(GQA)
     return True
 

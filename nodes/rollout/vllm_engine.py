@@ -36,21 +36,28 @@ New weights are loaded in place, without restarting the engine:
   ``/dev/shm`` and only its path crosses the process boundary.
 - ``lora``: the adapter tensors are written as a peft adapter folder and
   served with a new ``LoRARequest`` per version (the base weights stay).
+
+vLLM's internals the node reaches (the sampler's rank count, swapped while the engine lives; the engine under
+``LLM``) go through :mod:`omnigraph.sdk.adapters.vllm`, checked against the vLLM versions it was written for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import itertools
 import os
 import shutil
 import time
+import weakref
 
 import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from omnigraph.sdk import NodeContext, Weights
+from omnigraph.sdk.adapters import vllm as vllm_adapter
 
 from nodes import models
 from nodes.rollout import VllmOptions
@@ -130,16 +137,13 @@ def _count_ranks(x, values):
     return (x >= values).sum(-1)
 
 
-def _patch_sampler() -> None:
-    """Count token ranks eagerly: vLLM compiles this 1-line function with inductor, which on CPU
-    costs 30 s on first use (a C++ build), 3-4 s per process after (cached), and the eager count is
+def _eager_rank_count():
+    """Count token ranks eagerly within the block (:func:`omnigraph.sdk.adapters.vllm.counting_ranks_with`;
+    vLLM's own count is back when the block ends): vLLM compiles this 1-line function with inductor, which on
+    CPU costs 30 s on first use (a C++ build), 3-4 s per process after (cached), and the eager count is
     faster on small batches anyway. omnigraph never reads the ranks. It runs inside the engine's
     sampler at every step (with logprobs on): the ``engine`` fault point."""
-    try:
-        import vllm.v1.sample.sampler as sampler
-    except ImportError:
-        return
-    sampler.batched_count_greater_than = _count_ranks
+    return vllm_adapter.counting_ranks_with(_count_ranks)
 
 
 def lora_rank(r: int) -> int:
@@ -178,7 +182,10 @@ class VllmGenerate(Rollout):
         self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         if self.in_process and not torch.cuda.is_available():
             keep_freed_memory()
-        _patch_sampler()
+        # the sampler counts ranks eagerly for as long as the engine lives: undone by close(), or when the
+        # engine is collected (vLLM shuts it down then), or at once if it fails to start
+        self._scope = contextlib.ExitStack()
+        self._scope.enter_context(_eager_rank_count())
         from vllm import LLM
         t0 = time.perf_counter()
         kwargs = dict(model=str(self.path), dtype=self.dtype, enforce_eager=True, seed=ctx.seed,
@@ -190,13 +197,25 @@ class VllmGenerate(Rollout):
             kwargs.update(enable_lora=True, max_lora_rank=lora_rank(self.lora.r), max_loras=1)
         print(f"{name}: starting the vLLM engine ({self.path.name}, {self.dtype}"
               f"{', LoRA ' + self.settings.lora_serving if self.lora else ''})", flush=True)
-        self.llm = LLM(**{**kwargs, **self.engine_args})
+        try:
+            self.llm = LLM(**{**kwargs, **self.engine_args})
+        except BaseException:
+            self._scope.close()
+            raise
+        weakref.finalize(self.llm, self._scope.close)
         self.ctx.log(engine_start_s=time.perf_counter() - t0)
         print(f"{name}: vLLM engine ready in {time.perf_counter() - t0:.1f} s", flush=True)
         self._shm = None
         self._request_ids = itertools.count()
         self._base = None           # merged serving: the base weights of the LoRA-targeted layers
         ENGINE_HOOKS[:] = [ctx.fault]
+
+    def close(self) -> None:
+        """Let the engine go (vLLM shuts it down as it is collected) and give the sampler vLLM's own rank count
+        back now (else that happens when the engine is collected)."""
+        self.__dict__.pop("llm", None)
+        gc.collect()
+        self._scope.close()
 
     # -- weights -------------------------------------------------------------
     def load_weights(self, weights: Weights) -> None:
@@ -276,9 +295,9 @@ class VllmGenerate(Rollout):
                    base_model_name_or_path=str(self.path), task_type="CAUSAL_LM").save_pretrained(folder)
         old = self.lora_request
         self.lora_request = LoRARequest(f"{self.name}-v{weights.version}", weights.version, str(folder))
-        self.llm.llm_engine.add_lora(self.lora_request)     # load now, not during the next generate
+        vllm_adapter.add_lora(self.llm, self.lora_request)     # load now, not during the next generate
         if old is not None:
-            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            vllm_adapter.remove_lora(self.llm, old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def state_dict(self) -> dict:
@@ -319,7 +338,7 @@ class VllmGenerate(Rollout):
 
     def _until(self, rows, params, deadline: float, final: list[bool]) -> list:
         """Step the engine until every request ends; at ``deadline`` abort the ones not final."""
-        engine = self.llm.llm_engine
+        engine = vllm_adapter.engine(self.llm)
         ids = [f"partial-{next(self._request_ids)}" for _ in rows]
         for rid, row, p in zip(ids, rows, params):
             engine.add_request(rid, {"prompt_token_ids": row}, p, lora_request=self.lora_request)

@@ -45,6 +45,10 @@ is left empty, so the model's ``load_weights`` cannot write into it. Three ways 
 
 A tied output head is tied to the embeddings again and, unless the direct path packs it, re-processed
 (``reload_weights`` replaces the embedding's parameter; without the re-tie logprobs were off by up to ~1.0).
+
+vLLM's internals all this reaches (the worker's model, configuration and ``reload_weights``, the CPU repack and
+its watch, sgl-kernel's ops) go through :mod:`omnigraph.sdk.adapters.vllm`, torch's through
+:mod:`omnigraph.sdk.adapters.torch`: each checked against the versions it was written for.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ import torch
 from safetensors.torch import load, load_file, save_file
 
 from omnigraph.sdk import cpu_kernels
+from omnigraph.sdk.adapters import torch as torch_adapter
+from omnigraph.sdk.adapters import vllm as vllm_adapter
 
 log = logging.getLogger(__name__)
 
@@ -94,23 +100,15 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> int:
     return path.stat().st_size
 
 
-@contextlib.contextmanager
 def _keeping_packed_params(kept: dict):
-    """While vLLM processes freshly loaded weights, remember each layer whose weight it repacks, with the
-    checkpoint-format parameter it repacks from (``kept[layer] = parameter``)."""
-    from vllm.model_executor.layers import utils
-    dispatch = utils.dispatch_cpu_unquantized_gemm
-
+    """While vLLM processes freshly loaded weights (the block), remember each layer whose weight it repacks,
+    with the checkpoint-format parameter it repacks from (``kept[layer] = parameter``); vLLM's repack is its
+    own again when the block ends (:func:`omnigraph.sdk.adapters.vllm.watching_repacks`)."""
     def keep(layer, remove_weight):
         if remove_weight and layer.weight.numel():
             kept[layer] = layer.weight
-        return dispatch(layer, remove_weight)
 
-    utils.dispatch_cpu_unquantized_gemm = keep
-    try:
-        yield
-    finally:
-        utils.dispatch_cpu_unquantized_gemm = dispatch
+    return vllm_adapter.watching_repacks(keep)
 
 
 class WeightLoader:
@@ -128,7 +126,7 @@ class WeightLoader:
         else:
             tensors = source
         t1 = time.perf_counter()
-        model = self.model_runner.get_model()
+        model = vllm_adapter.worker_model(self)
         self._omnigraph_check_complete(tensors)
         kept = getattr(self, "_omnigraph_packed", None)
         direct = getattr(self, "_omnigraph_direct", None)
@@ -142,7 +140,7 @@ class WeightLoader:
             how = "reload"
             kept = {} if self._omnigraph_can_keep() else None
             with _keeping_packed_params(kept) if kept is not None else contextlib.nullcontext():
-                self.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+                vllm_adapter.reload_weights(self, tensors)
             self._omnigraph_retie(model)
             self._omnigraph_packed = kept
             self._omnigraph_direct = Direct.learn(model, tensors, kept, self._omnigraph_tied(),
@@ -157,7 +155,7 @@ class WeightLoader:
         missing layer would keep serving its old weights, in place or through ``reload_weights``."""
         expected = getattr(self, "_omnigraph_expected", None)
         if expected is None:
-            expected = _checkpoint_names(self.vllm_config.model_config.model)
+            expected = _checkpoint_names(vllm_adapter.worker_config(self).model_config.model)
             # no safetensors in the model folder: the first load names the full set
             self._omnigraph_expected = expected = set(tensors) if expected is None else expected
         tied = self._omnigraph_tied()
@@ -171,11 +169,10 @@ class WeightLoader:
         """In place needs the CPU backend's repack and a model without LoRA layers (their wrapped weights
         are loaded by name through ``base_layer``: those go through ``reload_weights`` every time)."""
         from vllm.platforms import current_platform
-        return current_platform.is_cpu() and not self.vllm_config.lora_config
+        return current_platform.is_cpu() and not vllm_adapter.worker_config(self).lora_config
 
     def _omnigraph_in_place(self, model, tensors, kept: dict) -> bool:
         """Put the kept parameters back, let the model's loader copy ``tensors`` into them, repack."""
-        from vllm.model_executor.layers import utils
         names = {n for n, _ in model.named_parameters()}
         restored = {}
         for layer, param in kept.items():
@@ -189,10 +186,10 @@ class WeightLoader:
             return False
         if loaded is not None and not (names - _tied(model)) <= set(loaded):
             for layer in kept:                   # a parameter nothing wrote: reload, never serve stale weights
-                utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+                vllm_adapter.repack(layer)
             return False
         for layer in kept:
-            utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+            vllm_adapter.repack(layer)
         return True
 
     def _omnigraph_retie(self, model, process: bool = True) -> None:
@@ -205,10 +202,11 @@ class WeightLoader:
         if self._omnigraph_tied():
             head.weight = _embedding(model).weight
         if process:
-            head.quant_method.process_weights_after_loading(head)
+            vllm_adapter.process_after_loading(head)
 
     def _omnigraph_tied(self) -> bool:
-        return bool(getattr(self.vllm_config.model_config.hf_text_config, "tie_word_embeddings", False))
+        config = vllm_adapter.worker_config(self).model_config.hf_text_config
+        return bool(getattr(config, "tie_word_embeddings", False))
 
 
 class Direct:
@@ -281,7 +279,7 @@ class Direct:
         if any(tuple(tensors[n].shape) != s if n in tensors else True for n, s in self.names.items()):
             return False
         dst = [p for p, _ in self.plain]
-        torch._foreach_copy_(dst, [tensors[n] for _, n in self.plain])
+        torch_adapter.foreach_copy_(dst, [tensors[n] for _, n in self.plain])
         for layer, srcs, bias, dtype in self.linear:
             _repack(layer, _joined([tensors[n] for n in srcs], dtype),
                     None if bias is None else torch.cat([tensors[n] for n in bias]))
@@ -302,8 +300,7 @@ def _to_packed(model, linear: list, kept: dict, tensors, tied: set) -> tuple[lis
     shares; its source is then the received embeddings). Only on a CPU with AMX (sgl-kernel's condition), for
     16-bit weights whose shapes fit, and each layer only where the repacker's output equals sgl-kernel's own
     packing of the weight vLLM loaded (checked here, once)."""
-    from vllm import _custom_ops as ops
-    if not (torch.cpu._is_amx_tile_supported() and hasattr(torch.ops._C, "convert_weight_packed")):
+    if not (torch_adapter.amx_tile_supported() and vllm_adapter.has_packed_kernels()):
         return linear, [], False
     if not cpu_kernels.available():
         log.info("vLLM weights: the packing kernel did not compile (numba); vLLM repacks every load")
@@ -315,7 +312,7 @@ def _to_packed(model, linear: list, kept: dict, tensors, tied: set) -> tuple[lis
         n, k = weight.shape
         if not (cpu_kernels.vnni_fits(n, k, weight.dtype) and rows % cpu_kernels.BLOCK == 0):
             return None
-        buffer = torch.ops._C.convert_weight_packed(weight)
+        buffer = vllm_adapter.convert_weight_packed(weight)
         if buffer.dtype != weight.dtype or buffer.numel() != weight.numel() or buffer.data_ptr() % cpu_kernels.LINE:
             return None
         check = torch.empty_like(buffer)
@@ -325,7 +322,7 @@ def _to_packed(model, linear: list, kept: dict, tensors, tied: set) -> tuple[lis
         buffer = buffer.reshape(n, k)
         if getattr(layer, "bias", None) is not None:
             layer.bias.data = layer.bias.to(torch.float32)      # as vLLM's sgl-kernel dispatch does
-        layer.cpu_linear = lambda x, _w, bias: ops.weight_packed_linear_cpu(x, buffer, n, bias)
+        vllm_adapter.compute_from_packed(layer, buffer, n)
         return buffer
 
     left, packed = [], []
@@ -386,11 +383,10 @@ def _joined(parts: list, dtype) -> torch.Tensor:
 def _repack(layer, weight: torch.Tensor, bias) -> None:
     """Repack ``layer`` from ``weight`` (vLLM's CPU dispatch copies it into its own blocked layout and leaves
     ``layer.weight`` empty again)."""
-    from vllm.model_executor.layers import utils
     if bias is not None:
         layer.bias.copy_(bias)
     layer.weight = torch.nn.Parameter(weight, requires_grad=False)
-    utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+    vllm_adapter.repack(layer)
 
 
 def _tied(model) -> set[str]:

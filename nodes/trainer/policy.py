@@ -29,6 +29,7 @@ import contextlib
 import torch
 
 from omnigraph.sdk import NodeContext, SampleBatch
+from omnigraph.sdk.adapters import torch as torch_adapter
 
 from nodes import models
 from nodes.trainer import sharded
@@ -38,10 +39,7 @@ from nodes.models.prefix import completion_logits, position_ids
 
 
 def _native_bf16() -> bool:
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:  # noqa: BLE001 - an older build: assume not
-        return False
+    return torch_adapter.mkldnn_bf16_supported()
 
 
 def to_device(value, device):

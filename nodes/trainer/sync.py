@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from omnigraph.sdk import NodeContext, WeightsState
+from omnigraph.sdk.adapters.torch import own_parameters
 
 from nodes.trainer.policy import Policy
 from nodes.trainer.sharded import gather
@@ -35,7 +36,7 @@ class Sync:
         if not self._same(model):               # first export, a parameter replaced, or its memory replaced
             # where each parameter sits: checking these is ~0.1 ms; walking the modules again was ~1.8 ms
             # (Qwen2.5-0.5B's 290 tensors, H100 host), once per export
-            self._params = [(m, n, p) for m in model.modules() for n, p in m._parameters.items() if p is not None]
+            self._params = [(m, n, p) for m in model.modules() for n, p in own_parameters(m).items() if p is not None]
             self._of = (model, [p.data_ptr() for _, _, p in self._params])
             if self.payload == "lora":
                 from peft import get_peft_model_state_dict
@@ -49,7 +50,7 @@ class Sync:
         them in place; a load that replaces a parameter, or moves it, does not)."""
         if self._of is None or self._of[0] is not model:
             return False
-        return all(m._parameters.get(n) is p and p.data_ptr() == ptr
+        return all(own_parameters(m).get(n) is p and p.data_ptr() == ptr
                    for (m, n, p), ptr in zip(self._params, self._of[1]))
 
     def _gathered(self) -> WeightsState | None:

@@ -55,7 +55,7 @@ def build_tokenizer_rm():
     from tokenizers import processors
 
     tok = build_tokenizer()
-    tok._tokenizer.post_processor = processors.TemplateProcessing(
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
         single="<bos> $A <eos>", special_tokens=[("<bos>", tok.bos_token_id), ("<eos>", tok.eos_token_id)])
     tok.padding_side = "right"
     return tok

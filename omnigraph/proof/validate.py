@@ -348,12 +348,14 @@ def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], edges: list[Edge], e
         if n.role == "exporter":
             try:
                 path = transports.choose(spec, n.name)
-                cls = plugins.load("transports", path, where=f"nodes.{n.name}")
+                given = getattr(n.spec, "transport_options", None)
+                # the path's class is loaded only to validate options given (a transport module imports torch)
+                cls = plugins.load("transports", path, where=f"nodes.{n.name}") if given else None
             except GraphError as e:
                 errors.extend(e)
                 continue
-            for problem in plugins.typed_options(cls, getattr(n.spec, "transport_options", None),
-                                                 f"nodes.{n.name}.transport_options", kind=f"weights path {path}")[1]:
+            for problem in plugins.typed_options(cls, given, f"nodes.{n.name}.transport_options",
+                                                 kind=f"weights path {path}")[1] if given else []:
                 errors.extend(problem)
     for e in edges:
         if not e.state:

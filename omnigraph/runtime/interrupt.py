@@ -95,15 +95,19 @@ def reinstall() -> None:
 @contextlib.contextmanager
 def deferred(preempt_signal: str | None = None, grace_s: float = 60.0) -> Iterator[None]:
     """Handle SIGINT, SIGTERM and ``preempt_signal`` (e.g. ``"USR1"``) as stop requests for the block
-    (main thread only: elsewhere signals cannot be handled)."""
+    (main thread only: elsewhere signals cannot be handled). The handlers are process-wide: each signal's
+    previous handler (Python's own, or one ``ray.init`` installed before the block) is put back when the block
+    ends, however it ends; a grace timer still running is cancelled; :func:`reinstall` acts only within it."""
     global _requested, _active, _timer
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     signals = [signal.SIGINT, signal.SIGTERM] + ([signal.Signals[f"SIG{preempt_signal}"]] if preempt_signal else [])
-    previous = {s: signal.signal(s, _handler) for s in signals}
-    _active = {"signals": signals, "grace_s": grace_s}
+    previous = {}
     try:
+        for s in signals:
+            previous[s] = signal.signal(s, _handler)
+        _active = {"signals": signals, "grace_s": grace_s}
         yield
     finally:
         if _timer is not None:

@@ -11,8 +11,9 @@ cache line past the cache (non-temporal: ordinary stores read each destination l
 slower here), one contiguous share of the blocks per CPU this process may use.
 
 The kernel is LLVM vector code compiled at first use by numba (which vLLM's CPU build requires) and checked
-then against :func:`reference_vnni`; where numba is missing, or the kernel fails to compile or to match,
-:func:`available` is False and callers keep vLLM's repack. On a 2-core Xeon (Sapphire Rapids), for
+then against :func:`reference_vnni`; where numba is missing, llvmlite is outside the versions of its adapter
+(:mod:`omnigraph.sdk.adapters.llvmlite`), or the kernel fails to compile or to match, :func:`available` is False
+and callers keep vLLM's repack. On a 2-core Xeon (Sapphire Rapids), for
 SmolLM2-135M's 269 MB: 17-19 ms, against 21 ms for a plain copy of the same bytes (``torch``) and 47 ms for
 sgl-kernel's own repack into new buffers.
 """
@@ -25,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+
+from .adapters import llvmlite as llvmlite_adapter
 
 BLOCK = 32
 """Rows per block of the VNNI layout."""
@@ -136,15 +139,11 @@ def _kernels() -> dict | None:
 
 def _compile() -> dict:
     from llvmlite import ir
-    from llvmlite.binding import ffi
     from numba import njit, types
     from numba.extending import intrinsic
 
-    # vLLM's CPU engine, as it starts, scans every loaded module's objects and reads ``vars(obj)`` of those that
-    # answer ``__dict__``; llvmlite's library handle (slotted) answers any name with a wrapped C function, so an
-    # engine started in a process that had compiled these kernels failed ("'_lib_fn_wrapper' object has no
-    # attribute 'get'"). An empty ``__dict__`` among its wrapped names ends that.
-    ffi.lib._fntab.setdefault("__dict__", {})
+    # a vLLM engine started later in this process would trip over llvmlite's library handle (see the adapter)
+    llvmlite_adapter.give_lib_a_dict()
 
     i32, i64 = ir.IntType(32), ir.IntType(64)
     words = ir.VectorType(i32, TILE)

@@ -3,8 +3,8 @@
 ``model.load_state_dict(sd)`` copies tensor by tensor through Python (hooks, checks, one ``copy_`` call and one
 kernel each: 12 ms for Qwen2.5-0.5B's 290 tensors on an H200, against 0.5 ms for the bytes). ``copy_into``
 matches the names once, keeps the two lists, and copies them with ``torch._foreach_copy_`` (a few kernels for
-all tensors on one device, casting where the dtypes differ). Writing in place also keeps the tensors' addresses,
-which a compiled decode step's CUDA graphs hold.
+all tensors on one device, casting where the dtypes differ; :func:`omnigraph.sdk.adapters.torch.foreach_copy_`).
+Writing in place also keeps the tensors' addresses, which a compiled decode step's CUDA graphs hold.
 
 >>> import torch
 >>> w = torch.zeros(2, 3); model = {"w": w, "tied": w, "b": torch.zeros(2)}
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Mapping
 
+from .adapters.torch import foreach_copy_
 from .errors import ConfigError
 
 PLANS = 4    # copy plans kept per cache (a receiver that cycles through a few senders' buffers reuses each)
@@ -44,7 +45,7 @@ def copy_into(targets: Mapping[str, Any], tensors: Mapping[str, Any], cache: dic
     groups = plan[2]
     with torch.no_grad():
         for dst, src in groups.values():
-            torch._foreach_copy_(dst, src)
+            foreach_copy_(dst, src)
 
 
 def _pairs(targets: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict:
@@ -85,7 +86,7 @@ def coalesce(dst: list, src: list) -> tuple[list, list]:
     >>> d, s = coalesce([a[:2], a[2:6], torch.zeros(2)], [b[:2], b[2:6], b[:2]])
     >>> [t.shape[0] for t in d]
     [6, 2]
-    >>> _ = torch._foreach_copy_(d, s)
+    >>> foreach_copy_(d, s)
     >>> torch.equal(a, b)
     True
     """

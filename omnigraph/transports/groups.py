@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..sdk.adapters.torch import nccl_options
+
 _STORES: dict[str, Any] = {}
 _GROUPS: dict[str, "Group"] = {}
 
@@ -65,9 +67,7 @@ def join(name: str, host: str, port: int, rank: int, world: int, timeout_s: floa
         pg = dist.group.WORLD
     elif backend == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timedelta(seconds=timeout_s)
-        pg = dist.ProcessGroupNCCL(prefixed, rank, world, opts)
+        pg = dist.ProcessGroupNCCL(prefixed, rank, world, nccl_options(timedelta(seconds=timeout_s)))
     else:                                   # gloo: the CPU tests of the same logic
         device = torch.device("cpu")
         pg = dist.ProcessGroupGloo(prefixed, rank, world, timedelta(seconds=timeout_s))

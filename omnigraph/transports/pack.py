@@ -38,6 +38,7 @@ from typing import Any, Iterator
 
 import torch
 
+from ..sdk.adapters.torch import foreach_copy_
 from ..sdk.tensors import coalesce
 from .base import portable
 from .shmfiles import unlink
@@ -119,7 +120,7 @@ class TensorPack(Mapping):
         copy where the sources lie in one buffer in the pack's order, :func:`~omnigraph.sdk.tensors.coalesce`)."""
         with torch.no_grad():
             if dst:
-                torch._foreach_copy_(dst, src)
+                foreach_copy_(dst, src)
 
     # -- the mapping ---------------------------------------------------------
     def __getitem__(self, name: str):

@@ -19,6 +19,7 @@ from ..base import Executor, StepResult
 from .placement import core_layout, fmt_labels, unlabelled
 from .program import Op, pipe_names, program
 from .actor import GraphActor
+from .adapter import actor_id
 from .start import INIT, start_local, stop_node
 from .signals import Signals, signal_dir
 from .warm import WarmServer, preload_spec
@@ -331,7 +332,7 @@ class RayExecutor(Executor):
     def _named(self, err) -> str | None:
         """Which of our actors a RayActorError is about (None when it does not say)."""
         gone = getattr(err, "actor_id", None)
-        return next((n for n, a in self.actors.items() if gone and a._actor_id.hex() == gone), None)
+        return next((n for n, a in self.actors.items() if gone and actor_id(a) == gone), None)
 
     def check_alive(self, step: int, fired) -> None:
         """Raise a NodeFailure naming the node whose actor process died (e.g. killed, out of memory)."""

@@ -21,7 +21,6 @@ Compiled Graphs' submit/get timeouts come from ``runtime.step_timeout_s``.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any
@@ -31,6 +30,7 @@ from ray.exceptions import RayActorError, RayChannelTimeoutError
 
 from ...errors import GraphError
 from ..base import StepResult
+from .adapter import quiet_compiled_dag
 from .common import IN_FLIGHT, RayExecutor
 
 
@@ -129,11 +129,8 @@ class RayCompiledExecutor(RayExecutor):
 
 def _quiet_teardown(compiled) -> None:
     """Teardown whose complaints (e.g. about actors we already killed) never bury the real error."""
-    logger = logging.getLogger("ray.dag.compiled_dag_node")
-    level, logger.level = logger.level, logging.CRITICAL
-    try:
-        compiled.teardown()
-    except Exception:  # noqa: BLE001 - teardown errors never hide the original error
-        pass
-    finally:
-        logger.setLevel(level)
+    with quiet_compiled_dag():
+        try:
+            compiled.teardown()
+        except Exception:  # noqa: BLE001 - teardown errors never hide the original error
+            pass

@@ -4,10 +4,12 @@ Run by the raylet as ``python warm_launch.py <Ray's worker arguments>``, as a fi
 omnigraph: it must start in milliseconds). It asks the warm server (socket ``$OMNIGRAPH_WARM_SOCKET``) for
 a fork that runs Ray's worker with these arguments, this environment, this folder and these standard
 streams, then stands in for it: the signals Ray sends it go to the worker, and it exits with the worker's
-exit code. Without a server (none set, or it is gone) it becomes Ray's ordinary worker itself.
+exit code. Without a server (none set, or it is gone) it becomes Ray's ordinary worker itself, the program
+``$OMNIGRAPH_RAY_WORKER`` names (set beside the socket by the executor from :mod:`.adapter`, the one place that
+knows where Ray keeps it).
 """
 
-import importlib.util
+import contextlib
 import os
 import pickle
 import signal
@@ -16,10 +18,36 @@ import struct
 import sys
 
 
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+"""The signals the stand-in passes on to its worker."""
+
+
 def _plain_worker() -> None:
-    ray = importlib.util.find_spec("ray")
-    worker = os.path.join(os.path.dirname(ray.origin), "_private", "workers", "default_worker.py")
+    worker = os.environ.get("OMNIGRAPH_RAY_WORKER")
+    if not worker:
+        sys.exit("omnigraph warm_launch: OMNIGRAPH_RAY_WORKER (Ray's worker program) is not set: the executor sets it "
+                 "with OMNIGRAPH_WARM_SOCKET (omnigraph.executors.ray.adapter.worker_env)")
     os.execv(sys.executable, [sys.executable, worker, *sys.argv[1:]])
+
+
+@contextlib.contextmanager
+def forwarding(child: int):
+    """Within the block, each of :data:`FORWARDED` is sent on to process ``child``; the handlers the process had
+    before are back when the block ends."""
+    def forward(signum, _frame):
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {}
+    try:
+        for sig in FORWARDED:
+            previous[sig] = signal.signal(sig, forward)
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main() -> None:
@@ -39,21 +67,13 @@ def main() -> None:
         conn.close()
         _plain_worker()
     child = struct.unpack("!i", head)[0]
-
-    def forward(signum, _frame):
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, forward)
-    while True:
-        try:
-            code = conn.recv(4, socket.MSG_WAITALL)
-            break
-        except InterruptedError:
-            continue
+    with forwarding(child):
+        while True:
+            try:
+                code = conn.recv(4, socket.MSG_WAITALL)
+                break
+            except InterruptedError:
+                continue
     status = struct.unpack("!i", code)[0] if len(code) == 4 else 1
     if status < 0:                      # killed by a signal: so is this stand-in, as Ray would see the worker
         signal.signal(-status, signal.SIG_DFL)

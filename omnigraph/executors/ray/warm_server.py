@@ -21,8 +21,8 @@ driver stopped or died).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import importlib.util
 import json
 import os
 import pickle
@@ -38,13 +38,28 @@ import time
 import traceback
 import warnings
 
+from . import adapter
+
 MAX_MESSAGE = 1 << 24
 
 
 def default_worker() -> str:
-    """The path of Ray's Python worker program (found without importing Ray here)."""
-    spec = importlib.util.find_spec("ray")
-    return os.path.join(os.path.dirname(spec.origin), "_private", "workers", "default_worker.py")
+    """The path of Ray's Python worker program (found without importing Ray here: :func:`.adapter.default_worker`)."""
+    return adapter.default_worker()
+
+
+@contextlib.contextmanager
+def handling(handlers: dict):
+    """Within the block, each signal of ``handlers`` is handled by its handler; the handlers the process had
+    before are back when the block ends."""
+    previous = {}
+    try:
+        for sig, handler in handlers.items():
+            previous[sig] = signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def preload(spec: dict) -> list[str]:
@@ -87,7 +102,9 @@ def _receive(conn: socket.socket) -> tuple[tuple, list[int]]:
 
 
 def _child(conn: socket.socket, request: tuple, fds: list[int], worker: str, closing: list[int]) -> None:
-    """In the forked child: become the worker Ray asked for. Never returns."""
+    """In the forked child: become the worker Ray asked for. Never returns (it ends the process with
+    ``os._exit``): the signal handlers it sets are those of a fresh process, for the rest of its life, in place
+    of the server's, which it has no use for."""
     try:
         argv, env, cwd = request
         for fd in closing:
@@ -148,33 +165,32 @@ def serve(path: str, spec: dict) -> None:
     children: dict[int, socket.socket] = {}
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda *_: os.write(wake_w, b"."))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     parent = sys.stdin.fileno()
-    while True:
-        try:
-            readable, _, _ = select.select([server, wake_r, parent], [], [])
-        except InterruptedError:
-            continue
-        if parent in readable and not os.read(parent, 64):
-            return                                    # the executor is gone: so is this server
-        if wake_r in readable:
-            os.read(wake_r, 4096)
-            _reap(children)
-        if server in readable:
-            conn, _ = server.accept()
+    with handling({signal.SIGCHLD: lambda *_: os.write(wake_w, b"."), signal.SIGTERM: lambda *_: sys.exit(0)}):
+        while True:
             try:
-                request, fds = _receive(conn)
-            except (OSError, ConnectionError, pickle.UnpicklingError, ValueError, EOFError):
-                conn.close()
+                readable, _, _ = select.select([server, wake_r, parent], [], [])
+            except InterruptedError:
                 continue
-            pid = os.fork()
-            if pid == 0:
-                _child(conn, request, fds, worker,
-                       [server.fileno(), wake_r, wake_w, parent, *(c.fileno() for c in children.values())])
-            for fd in fds:
-                os.close(fd)
-            children[pid] = conn
+            if parent in readable and not os.read(parent, 64):
+                return                                    # the executor is gone: so is this server
+            if wake_r in readable:
+                os.read(wake_r, 4096)
+                _reap(children)
+            if server in readable:
+                conn, _ = server.accept()
+                try:
+                    request, fds = _receive(conn)
+                except (OSError, ConnectionError, pickle.UnpicklingError, ValueError, EOFError):
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    _child(conn, request, fds, worker,
+                           [server.fileno(), wake_r, wake_w, parent, *(c.fileno() for c in children.values())])
+                for fd in fds:
+                    os.close(fd)
+                children[pid] = conn
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
