@@ -151,7 +151,9 @@ def task_factory(spec) -> tuple[str, Any, str]:
 def task_arguments(spec, factory, ref: str, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """The keyword arguments of the task's factory beyond the stream's (``prompts``, ``seed``,
     ``eval_prompts``): its options, validated and typed; with a source, the data fields set in the graph, the
-    source and the model (for prompt lengths in its tokens), each where the factory takes it."""
+    source, the model (for prompt lengths in its tokens) and ``max_new_tokens`` (the largest of the generators
+    that run the model, None if none does: the room a prompt must leave in the model's context), each where the
+    factory takes it."""
     t = spec.task
     opts, errors = typed_options(factory, t.options, "task.options", kind=f"task {ref}", call=factory)
     if errors:
@@ -165,8 +167,16 @@ def task_arguments(spec, factory, ref: str, log: Callable[[str], None] = lambda 
             raise GraphError(f"task.{f} does not apply to task '{ref}'", where=f"task.{f}",
                              fix=f"remove it ('{ref}' takes {', '.join(k for k in takes if k in t.DATA_FIELDS) or 'none of them'})")
         kwargs[f] = getattr(t, f)
+
+    def runs_model(node) -> bool:          # a synthetic generator does not; an unknown backend is said elsewhere
+        try:
+            return bool(backend(node.kind, node.backend).uses_model)
+        except GraphError:
+            return False
     given = {"source": t.source, "model_name": spec.model.path,
-             "model_dir": lambda: model_dir(spec.model.path, spec.model.seed, log=log)}
+             "model_dir": lambda: model_dir(spec.model.path, spec.model.seed, log=log),
+             "max_new_tokens": max((n.max_new_tokens for n in spec.nodes.values() if n.kind == "generate"
+                                    and runs_model(n)), default=None)}
     kwargs.update({k: v for k, v in given.items() if k in takes or takes == ["**"]})
     return kwargs
 

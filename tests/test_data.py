@@ -7,23 +7,29 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import omnigraph as og
 from omnigraph import plugins
 from omnigraph.errors import NodeFailure
 from omnigraph.runtime import run
 from omnigraph.runtime.ledger import read
+from omnigraph.runtime.rundir import check_data, write_header
 
 from conftest import GRAPHS, ROOT
 
 DATA_GRAPH = GRAPHS / "grpo_dataset.yaml"
 RG_GRAPH = GRAPHS / "smollm2_reasoning_gym.yaml"
 ROWS = [{"id": f"r{i}", "question": f"copy {1000 + i}:", "answer": str(1000 + i), "n": i} for i in range(40)]
+USER = [{"id": f"q-{i}", "q": f"copy {2000 + i}:", "a": str(2000 + i), "meta": {"level": i % 3}} for i in range(40)]
+"""A user's own rows: their fields are ``id``, ``q``, ``a`` and ``meta``."""
+USER_FIELDS = {"prompt": "q", "answer": "a", "split": "train", "eval_split": "null", "epochs": "null",
+               "max_prompt_tokens": "null"}
 
 
-def task(**fields):
-    """The task of the dataset graph with ``fields`` as ``task.*`` overrides (values as YAML)."""
-    spec = og.load(DATA_GRAPH, [f"task.{k}={v}" for k, v in fields.items()])
+def task(*overrides, **fields):
+    """The task of the dataset graph with ``fields`` as ``task.*`` overrides (values as YAML), after ``overrides``."""
+    spec = og.load(DATA_GRAPH, [*overrides, *(f"task.{k}={v}" for k, v in fields.items())])
     return plugins.make_task(spec)
 
 
@@ -78,7 +84,10 @@ class TestFiles:
 
     def test_rows_of_chat_messages_go_through_the_chat_template(self, tmp_path):
         rows = [{"messages": [{"role": "user", "content": f"copy {i}:"}], "answer": str(i)} for i in range(20)]
-        t = task(source=write_jsonl(tmp_path / "chat.jsonl", rows), prompt="messages", max_prompt_tokens="null",
+        # a synthetic generator: no model reads the prompts, so none measures them (the tiny model has no chat
+        # template: with it, the default limit refuses chat prompts at once, as its generator would)
+        t = task("nodes.generate.backend=synthetic", "nodes.generate.cost=0.01",
+                 source=write_jsonl(tmp_path / "chat.jsonl", rows), prompt="messages", max_prompt_tokens="null",
                  epochs="null", eval_split="null", split="train", system="'Be brief.'")
         p = t.batch(0)[0]
         assert p.chat and p.messages[0] == {"role": "system", "content": "Be brief."} and p.text.startswith("copy ")
@@ -118,6 +127,162 @@ class TestErrors:
         bad.write_text('{"prompt": "a", "answer": "b"}\n{not json\n')
         with pytest.raises(og.GraphError, match="task.source: cannot read"):
             og.compile(DATA_GRAPH, overrides=[f"task.source={bad}"])
+
+
+def user_overrides(source: Path, **fields) -> list[str]:
+    return [f"task.source={source}", *(f"task.{k}={v}" for k, v in {**USER_FIELDS, **fields}.items())]
+
+
+class TestUserData:
+    """A user's own JSONL (``id``, ``q``, ``a``, ``meta``): rows without an answer, a broken line, prompts longer
+    than the model reads, the rows' own ids."""
+
+    def test_rows_without_a_prompt_or_answer_are_left_out_and_counted_or_refused(self, tmp_path):
+        rows = [dict(r) for r in USER]
+        rows[3]["a"] = None                     # null
+        del rows[4]["a"]                        # absent
+        rows[5]["a"] = "  "                     # blank
+        rows[6]["q"] = ""                       # empty prompt
+        rows[7]["q"] = None
+        source = write_jsonl(tmp_path / "user.jsonl", rows)
+        t = task(source=source, **USER_FIELDS)
+        d = t.describe()
+        assert d["missing"] == 5 and d["rows"] == 35 and d["split"]["left_out"] == [3, 4, 5, 6, 7]
+        seen = [p for s in range(5) for p in t.batch(s)]
+        assert {p.meta["row"] for p in seen}.isdisjoint({3, 4, 5, 6, 7})
+        assert all(p.meta["target"].strip() and p.meta["target"] != "None" for p in seen)
+        plan = str(og.compile(DATA_GRAPH, overrides=user_overrides(source)))
+        assert "35 rows from" in plan and "(split train, 5 left out (no prompt or answer))" in plan, plan
+        with pytest.raises(og.GraphError, match=r"^task.answer: row 3 \(id 'q-3'\) of split 'train' has no answer: "
+                                                r"field 'a' is null \(5 row\(s\) of the split have no prompt or answer\)"):
+            task(source=source, on_missing="error", **USER_FIELDS)
+        chat = [{"messages": [] if i == 2 else [{"role": "user", "content": f"copy {i}:"}], "answer": str(i)}
+                for i in range(20)]                                      # an empty list of messages
+        t = task("nodes.generate.backend=synthetic", "nodes.generate.cost=0.01", prompt="messages",
+                 source=write_jsonl(tmp_path / "chat.jsonl", chat), split="train", eval_split="null", epochs="null",
+                 max_prompt_tokens="null")
+        assert t.describe()["missing"] == 1 and t.describe()["split"]["left_out"] == [2]
+
+    def test_a_broken_json_line_is_named_by_its_file_line_and_start_in_one_line(self, tmp_path):
+        lines = [json.dumps(r) for r in USER]
+        lines.insert(5, "")                                             # every line counts, blank ones too
+        lines[23] = '{"id": "q-22", "q": "copy 2022:" "a": "2022", "meta": {"note": "' + "x" * 80 + '"}}'
+        bad = tmp_path / "user.jsonl"
+        bad.write_text("\n".join(lines) + "\n")
+        for command in (["check"], ["run", "--run-dir", str(tmp_path / "runs")]):
+            p = omnigraph(*command, str(DATA_GRAPH), *user_overrides(bad))
+            assert p.returncode == 1 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+            assert (f"task.source: cannot read '{bad}': line 24 is not JSON (Expecting ',' delimiter at column 34): "
+                    f"{lines[23][:60]}... (fix: correct or remove line 24") in p.stderr, p.stderr
+            assert lines[23][:61] not in p.stderr and "row 22" not in p.stderr
+        doc = json.dumps(USER[:3], indent=2).splitlines()               # one JSON document over many lines
+        at = doc.index('    "a": "2001",')
+        doc[at] = '    "a": 2001x,'
+        (tmp_path / "user.json").write_text("\n".join(doc) + "\n")
+        with pytest.raises(og.GraphError, match=rf"task.source: cannot read '.*user.json': line {at + 1} is not JSON "
+                                                r"\(Expecting ',' delimiter at column 14\):     \"a\": 2001x,"):
+            og.compile(DATA_GRAPH, overrides=user_overrides(tmp_path / "user.json"))
+
+    def test_prompts_longer_than_the_models_context_are_left_out_by_default(self, tmp_path, monkeypatch):
+        """No ``max_prompt_tokens``: the limit is the model's context (128 for tiny) minus the graph's largest
+        ``max_new_tokens`` (16); ``check`` says it, the tokenizer is loaded once for both splits."""
+        import transformers
+        rows = [dict(r) for r in USER]
+        rows[9]["q"] = "copy " + "7" * 5000 + ":"
+        source = write_jsonl(tmp_path / "user.jsonl", rows)
+        loads, real = [], transformers.AutoTokenizer.from_pretrained
+        monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: loads.append(a) or real(*a, **k))
+        plan = og.compile(DATA_GRAPH, overrides=user_overrides(source, split="'train[:30]'", eval_split="'train[30:]'"))
+        assert "(split train[:30], 1 left out (longer than the model's context 128 - max_new_tokens 16 = 112 tokens))" \
+            in str(plan), str(plan)
+        assert plan.graph.data["filtered"] == 1 and plan.graph.data["split"]["left_out"] == [9]
+        assert plan.graph.data["limit"] == {"tokens": 112, "context": 128, "max_new_tokens": 16}
+        assert len(loads) == 1
+        bigger = task("nodes.generate.max_new_tokens=48", source=source, **USER_FIELDS)
+        assert bigger.describe()["limit"]["tokens"] == 80 and bigger.describe()["filtered"] == 1
+        assert task(source=source, **{**USER_FIELDS, "max_prompt_tokens": 100000}).describe()["filtered"] == 0
+        with pytest.raises(og.GraphError, match=r"task.max_prompt_tokens: 1 prompt\(s\) of split 'train' are longer "
+                                                r"than the model's context 128 - max_new_tokens 16 = 112 tokens \(row 9: "):
+            task(source=source, on_long="error", **USER_FIELDS)
+        spec = og.load(DATA_GRAPH, user_overrides(source))
+        assert plugins.task_arguments(spec, plugins.task_factory(spec)[1], "dataset")["max_new_tokens"] == 16
+
+        def factory(prompts, seed=0, eval_prompts=64, *, source, prompt="prompt", answer="answer", split="train",
+                    eval_split=None, epochs=None):
+            return None
+        assert "max_new_tokens" not in plugins.task_arguments(spec, factory, "mine")   # where the factory takes it
+
+    def test_rows_are_known_by_their_own_id_in_meta_the_ledger_and_its_report(self, tmp_path):
+        source = write_jsonl(tmp_path / "user.jsonl", USER)
+        t = task(source=source, **{**USER_FIELDS, "split": "'train[:30]'", "eval_split": "'train[30:]'"})
+        assert all(p.meta["id"] == f"q-{p.meta['row']}" for s in range(3) for p in t.batch(s))
+        assert [p.meta["id"] for p in t.eval_set()] == [f"q-{i}" for i in range(30, 40)]
+        uid = write_jsonl(tmp_path / "uid.jsonl", [{**r, "uid": 1000 + i} for i, r in enumerate(USER)])
+        assert all(p.meta["id"] == str(1000 + p.meta["row"]) for p in task(source=uid, id_field="uid", **USER_FIELDS).batch(0))
+        assert "id" not in task(source=source, id_field="null", **USER_FIELDS).batch(0)[0].meta
+        dup = [dict(r) for r in USER]
+        dup[7]["id"] = "q-2"
+        with pytest.raises(og.GraphError, match="task.id_field: rows 2 and 7 of split 'train' have the same id 'q-2'"):
+            task(source=write_jsonl(tmp_path / "dup.jsonl", dup), **USER_FIELDS)
+        with pytest.raises(og.GraphError, match="task.id_field: the rows have no field 'key'"):
+            task(source=source, id_field="key", **USER_FIELDS)
+        over = user_overrides(source) + ["schedule.iterations=2", "runtime.executor=local", "checkpoint.every=null",
+                                         "nodes.generate.eval_every=0"]
+        plan = og.compile(DATA_GRAPH, overrides=over)
+        res = run(plan, run_dir=tmp_path / "runs", progress=False)
+        made = [e for e in map(json.loads, (res.run_dir / "ledger.jsonl").read_text().splitlines())
+                if e["event"] == "generated"]
+        assert len(made) == 32 and all(e["id"] == f"q-{e['row']}" for e in made)
+        never = sorted(set(range(40)) - {e["row"] for e in made})
+        p = omnigraph("ledger", str(res.run_dir))
+        shown = ", ".join(f"q-{i}" for i in never[:8]) + (", ..." if len(never) > 8 else "")
+        assert p.returncode == 0 and f"rows never reached:      {len(never)} (ids {shown})" in p.stdout, p.stdout
+        check_data(res.run_dir, og.compile(DATA_GRAPH, overrides=over))       # the resume check: the same data
+        source.write_text(source.read_text().replace('"q-5"', '"q-five"'))
+        with pytest.raises(og.GraphError, match="task.source: the data changed since the run started"):
+            check_data(res.run_dir, og.compile(DATA_GRAPH, overrides=over))
+
+
+class TestPaths:
+    def test_a_relative_source_is_relative_to_the_graph_files_folder_or_on_the_command_line_to_the_cwd(self, tmp_path):
+        (tmp_path / "data").mkdir()
+        (tmp_path / "graphs").mkdir()
+        write_jsonl(tmp_path / "data" / "user.jsonl", USER)
+        raw = yaml.safe_load(DATA_GRAPH.read_text())
+        raw["task"].update(source="../data/user.jsonl", prompt="q", answer="a", split="train[:30]",
+                           eval_split="train[30:]", epochs=None)
+        graph = tmp_path / "graphs" / "mine.yaml"
+        graph.write_text(yaml.safe_dump(raw))
+        assert og.load(graph).task.source == str(tmp_path / "data" / "user.jsonl")
+        assert og.load(DATA_GRAPH).task.source == str(ROOT / "data" / "digits_copy.jsonl")
+        assert og.load(RG_GRAPH).task.source == "reasoning_gym"                     # a task's name is no path
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        for g, rows in ((graph, 30), (DATA_GRAPH, 340)):
+            p = omnigraph("check", str(g), cwd=elsewhere)
+            assert p.returncode == 0 and f"{rows} rows from" in p.stdout, p.stderr
+        assert og.load(graph, ["task.source=data/user.jsonl"]).task.source == "data/user.jsonl"   # as given
+        p = omnigraph("check", str(graph), "task.source=data/user.jsonl", cwd=tmp_path)
+        assert p.returncode == 0 and f"30 rows from {tmp_path / 'data' / 'user.jsonl'}" in p.stdout, p.stderr
+        p = omnigraph("check", str(graph), "task.source=data/user.jsonl", cwd=elsewhere)
+        assert p.returncode == 1 and "task.source: no such file or folder 'data/user.jsonl'" in p.stderr, p.stderr
+
+    def test_a_runs_config_yaml_names_no_task_and_compiles_again_from_anywhere(self, tmp_path, monkeypatch):
+        """What ``--resume`` compiles: the run directory's ``config.yaml``, with no ``task.name`` beside the source
+        and the source absolute (here a relative one from the command line)."""
+        plan = og.compile(DATA_GRAPH, overrides=["task.source=data/digits_copy.jsonl"])
+        out = tmp_path / "run"
+        out.mkdir()
+        write_header(out, plan)
+        task_ = yaml.safe_load((out / "config.yaml").read_text())["task"]
+        assert "name" not in task_ and task_["source"] == str(ROOT / "data" / "digits_copy.jsonl")
+        assert "name" not in yaml.safe_load(og.dump(plan.graph.spec))["task"]
+        assert yaml.safe_load(og.dump(og.load(GRAPHS / "grpo_sync.yaml", ["task.name=arithmetic"])))["task"] == \
+            {"name": "arithmetic"}                                          # a named task keeps its name
+        monkeypatch.chdir(tmp_path)
+        again = og.compile(out / "config.yaml")
+        assert again.graph.data == plan.graph.data
+        check_data(out, again)
 
 
 class TestReasoningGym:
@@ -241,7 +406,7 @@ def test_the_reasoning_gym_graph_trains_end_to_end(tmp_path):
     questions from reasoning-gym with the solved example, scored by the dataset's own score_answer, greedy
     eval on held-out questions at the first and last step, the adapters updated. (That it learns is what
     bench/learn.py measures: 18 steps of 24 samples.)"""
-    over = ["runtime.executor=local", "nodes.generate.backend=hf", "nodes.generate.options.lora_serving=adapter",
+    over = ["runtime.executor=local", "nodes.generate.backend=hf", "nodes.generate.options={}",
             "task.prompts=2", "task.samples_per_prompt=2", "task.eval_prompts=4", "schedule.iterations=3",
             "nodes.generate.eval_every=2", "checkpoint.every=null"]
     res = run(og.compile(RG_GRAPH, overrides=over), run_dir=tmp_path, progress=False)

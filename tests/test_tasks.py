@@ -47,3 +47,22 @@ def test_a_chat_task_on_a_model_without_a_chat_template_is_a_clear_error():
     gen, _ = build_node(spec, "generate")
     with pytest.raises(ConfigError, match="chat messages but the tokenizer of 'tiny' has no chat template"):
         gen.encode(prompts(spec, 0)[0])
+
+
+def test_loading_a_model_prints_no_progress_bars(capfd):
+    """``--executor local`` printed transformers' "Loading weights" bars: loading a model shows none, and leaves
+    the bars as they were."""
+    from transformers.utils import logging as hf_logging
+    from nodes.models import load
+    path = plugins.model_dir("tiny")
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    try:
+        capfd.readouterr()
+        load(path)
+        out, err = capfd.readouterr()
+        assert "Loading weights" not in out + err and "it/s" not in err, err
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        if not was:
+            hf_logging.disable_progress_bar()

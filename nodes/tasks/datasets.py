@@ -10,106 +10,27 @@ is row ``order(epoch)[k % rows]`` of epoch ``k // rows``, where ``order(epoch)``
 with ``shuffle_seed + epoch`` (or the file's order). So the cursor is a function of the step: a resumed run
 continues with the next unseen row, a regenerated batch gets the same rows, and the ledger can say which rows
 were trained. Each prompt's ``meta`` carries ``row`` (the row's index in its split), ``epoch``, ``target``
-(the ``answer`` field) and ``data`` (the whole row), for the reward.
+(the ``answer`` field), ``data`` (the whole row) and, where the rows have one (``id_field``), ``id`` (the row's
+own id, as a string), for the reward and the ledger.
 
-Prompts longer than ``max_prompt_tokens`` (in the model's tokens, chat template included) are left out and
-counted (``on_long: filter``) or refused (``on_long: error``); nothing is truncated.
+Rows without a prompt or an answer (the field absent or null, or empty) are left out and counted
+(``on_missing: filter``) or refused (``on_missing: error``). Prompts longer than ``max_prompt_tokens`` (in the
+model's tokens, chat template included; by default the model's context minus the graph's largest
+``max_new_tokens``) are left out and counted (``on_long: filter``) or refused (``on_long: error``); nothing is
+truncated.
 
->>> parse_split("train[:90%]", 200)
-('train', 0, 180)
->>> parse_split("test[-20:]", 100)
-('test', 80, 100)
 """
-
 from __future__ import annotations
 
-import hashlib
-import os
 import random
-import re
 import string
 from pathlib import Path
 from typing import Any, Callable
 
 from omnigraph.sdk import ConfigError, Options, Prompt
 
-from nodes.tasks.prompting import encode
-
-FILE_TYPES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-_SPLIT = re.compile(r"^([A-Za-z0-9_.\-]+)(?:\[\s*(-?\d+%?)?\s*:\s*(-?\d+%?)?\s*\])?$")
-
-
-def parse_split(spec: str, rows: int | None = None) -> tuple[str, int | None, int | None]:
-    """``name[a:b]`` -> (name, start, stop) with percentages and negative bounds resolved against ``rows``."""
-    m = _SPLIT.match(spec.strip())
-    if not m:
-        raise ConfigError(f"'{spec}' is not a split", where="task.split",
-                          fix="write a split name, optionally sliced: train, train[:90%], train[100:]")
-    name, a, b = m.groups()
-
-    def bound(x: str | None, default: int | None) -> int | None:
-        if x is None or rows is None:
-            return default
-        v = round(rows * int(x[:-1]) / 100) if x.endswith("%") else int(x)
-        return max(0, min(rows, v + rows if v < 0 else v))
-    return name, bound(a, 0), bound(b, rows)
-
-
-def fingerprint(path: Path) -> str:
-    """sha256 over the source's files (names and bytes): a resumed run refuses data that changed."""
-    h = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for f in files:
-        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
-
-
-def resolve_source(source: str) -> Path:
-    p = Path(source).expanduser()
-    if not p.is_absolute():
-        p = Path(os.environ.get("OMNIGRAPH_WORKDIR", os.getcwd())) / p
-    if not p.exists():
-        raise ConfigError(f"no such file or folder '{source}' (looked at {p})", where="task.source",
-                          fix="give the path of a .jsonl/.json/.parquet/.csv file or a dataset folder, relative to "
-                              "the directory omnigraph runs in (or absolute)")
-    return p
-
-
-def load_splits(path: Path) -> dict[str, Any]:
-    """The source's splits as ``datasets.Dataset`` objects, read from local files only."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import datasets                       # heavy (~1.5 s): only data tasks pay for it
-    datasets.disable_progress_bars()
-    try:
-        if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
-            loaded = datasets.load_from_disk(str(path))
-            return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-        if path.is_dir():
-            files = {f.stem: f for f in sorted(path.iterdir()) if f.suffix in FILE_TYPES}
-            if not files:
-                raise ConfigError(f"folder '{path}' holds no .jsonl/.json/.parquet/.csv file and no saved dataset",
-                                  where="task.source", fix="point task.source at a data file or a dataset folder")
-            kinds = {FILE_TYPES[f.suffix] for f in files.values()}
-            if len(kinds) > 1:
-                raise ConfigError(f"folder '{path}' mixes file types ({', '.join(sorted(kinds))})",
-                                  where="task.source", fix="keep one file type per dataset folder")
-            data_files = {k: str(v) for k, v in files.items()}
-        elif path.suffix in FILE_TYPES:
-            kinds, data_files = {FILE_TYPES[path.suffix]}, {"train": str(path)}
-        else:
-            raise ConfigError(f"'{path.name}' is not a data file omnigraph reads", where="task.source",
-                              fix="use .jsonl, .json, .parquet or .csv, or a folder made by save_to_disk")
-        loaded = datasets.load_dataset(kinds.pop(), data_files=data_files, keep_in_memory=True)
-        return dict(loaded)
-    except ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a file datasets cannot read is the user's to fix
-        raise ConfigError(f"cannot read '{path}': {type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                          where="task.source", fix="check the file is valid JSON lines / Parquet / CSV") from None
+from nodes.tasks.files import parse_split, fingerprint, resolve_source, load_splits, context_length, blank
+from nodes.tasks.prompting import lengths
 
 
 class Template:
@@ -119,6 +40,8 @@ class Template:
         self.text = text
         fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
         self.field = None if fields else text
+        self.names = list(dict.fromkeys(f.split(".")[0].split("[")[0] for f in (fields or [text])))
+        """The fields the prompt reads."""
         missing = [f for f in (fields or [text]) if f.split(".")[0].split("[")[0] not in columns]
         if missing:
             raise ConfigError(f"the rows have no field '{missing[0]}' (fields: {', '.join(columns)})", where=where,
@@ -135,7 +58,9 @@ def _is_messages(value: Any) -> bool:
 
 class DataTask:
     """A task over rows of data (the ``dataset`` task; ``task.source`` set to a path). It takes the graph's data
-    fields (``task.prompt``, ``answer``, ``split``, ...) and no options of its own."""
+    fields (``task.prompt``, ``answer``, ``split``, ...) and no options of its own; ``max_new_tokens`` (the
+    graph's largest, over the generators that run a model) sets the default prompt limit with the model's
+    context."""
 
     class Options(Options):
         """``dataset`` takes no ``task.options``: its settings are the task's data fields."""
@@ -143,8 +68,10 @@ class DataTask:
     def __init__(self, prompts: int, seed: int = 0, eval_prompts: int = 64, *, source: str,
                  prompt: str = "prompt", answer: str | None = "answer", split: str = "train",
                  eval_split: str | None = None, shuffle_seed: int | None = 0, epochs: int | None = None,
-                 max_prompt_tokens: int | None = None, on_long: str = "filter", chat: bool = False,
-                 system: str | None = None, model_dir: Callable[[], Path] | None = None, model_name: str = ""):
+                 max_prompt_tokens: int | None = None, on_long: str = "filter", on_missing: str = "filter",
+                 id_field: str | None = "id", chat: bool = False, system: str | None = None,
+                 model_dir: Callable[[], Path] | None = None, model_name: str = "",
+                 max_new_tokens: int | None = None):
         self.prompts, self.seed, self.eval_prompts = prompts, seed, eval_prompts
         self.shuffle_seed, self.epochs = shuffle_seed, epochs
         self.chat, self.system = chat, system
@@ -156,48 +83,120 @@ class DataTask:
         if answer is not None and answer not in self.columns:
             raise ConfigError(f"the rows have no field '{answer}' (fields: {', '.join(self.columns)})",
                               where="task.answer", fix="name the field holding the reference answer, or null")
-        self.answer = answer
-        self._tok, self._model_dir, self.model_name = None, model_dir, model_name
-        self.max_prompt_tokens, self.on_long = max_prompt_tokens, on_long
+        if id_field is not None and id_field not in self.columns:
+            if id_field != "id":                    # the default applies where the rows have an id
+                raise ConfigError(f"the rows have no field '{id_field}' (fields: {', '.join(self.columns)})",
+                                  where="task.id_field", fix="name the field holding each row's id, or null to "
+                                                             "know rows by their position")
+            id_field = None
+        self.answer, self.id_field = answer, id_field
+        self._tok, self._model_dir, self._dir, self.model_name = None, model_dir, None, model_name
+        self.max_prompt_tokens, self.on_long, self.on_missing = max_prompt_tokens, on_long, on_missing
+        self.limit = self._limit(max_new_tokens)
         self._extent: dict[str, dict] = {}
-        self.train, self.filtered = self._rows(splits, split, "task.split")
+        self.train, self.filtered, self.missing = self._rows(splits, split, "task.split")
         if not self.train:
             raise ConfigError(f"split '{split}' has no usable rows", where="task.split",
-                              fix="choose a split with rows (or raise task.max_prompt_tokens)")
-        self.eval_rows, self.eval_filtered = ([], 0) if eval_split is None else \
+                              fix="choose a split with rows (or raise task.max_prompt_tokens; or give the rows "
+                                  "a prompt and an answer)")
+        self.eval_rows, self.eval_filtered, self.eval_missing = ([], 0, 0) if eval_split is None else \
             self._rows(splits, eval_split, "task.eval_split")
         self._orders: dict[int, list[int]] = {}
 
     # -- reading ------------------------------------------------------------------------------------
-    def _rows(self, splits: dict[str, Any], spec: str, where: str) -> tuple[list[tuple[int, dict, Prompt]], int]:
+    def _rows(self, splits: dict[str, Any], spec: str, where: str
+              ) -> tuple[list[tuple[int, dict, Prompt]], int, int]:
+        """The usable rows of split ``spec`` as ``(index, row, prompt)``, and the counts of those left out as too
+        long and as missing a prompt or answer."""
         name, _, _ = parse_split(spec)
         if name not in splits:
             raise ConfigError(f"no split '{name}' in {self.source} (splits: {', '.join(splits)})", where=where,
                               fix=f"use one of {', '.join(splits)}, sliced if needed (e.g. {next(iter(splits))}[:90%])")
         data = splits[name]
         _, start, stop = parse_split(spec, len(data))
-        rows, long = [], []
+        read, missing = [], []
         for i in range(start, stop):
             row = data[i]
-            p = self._prompt(i, row)
-            n = self._length(p)
-            if n is not None and n > self.max_prompt_tokens:
-                long.append((i, n))
+            gap = self._missing(row)
+            value = None
+            if gap is None:
+                value = self.template(row)
+                if blank(value):
+                    gap = ("prompt", "the template gives an empty prompt" if self.template.field is None
+                           else f"field '{self.template.field}' is empty")
+            if gap is not None:
+                missing.append((i, row, gap))
                 continue
-            rows.append((i, row, p))
+            read.append((i, row, self._prompt(i, row, value)))
+        if missing and self.on_missing == "error":
+            i, row, (kind, why) = missing[0]
+            raise ConfigError(f"row {i}{self._named(row)} of split '{spec}' has no {kind}: {why} ({len(missing)} "
+                              f"row(s) of the split have no prompt or answer)", where=f"task.{kind}",
+                              fix=f"fill in the rows' {kind}, or set task.on_missing: filter to leave them out")
+        sizes = lengths(self._tokenizer(), [p for _, _, p in read], self.model_name) if self.limit else []
+        long = [(i, n) for (i, _, _), n in zip(read, sizes) if n > self.limit["tokens"]]
         if long and self.on_long == "error":
             i, n = long[0]
-            raise ConfigError(f"{len(long)} prompt(s) of split '{spec}' are longer than max_prompt_tokens = "
-                              f"{self.max_prompt_tokens} (row {i}: {n} tokens)", where="task.max_prompt_tokens",
-                              fix="raise task.max_prompt_tokens, or set task.on_long: filter to leave them out")
-        self._extent[where] = {"range": [start, stop], "left_out": [i for i, _ in long]}
-        return rows, len(long)
+            raise ConfigError(f"{len(long)} prompt(s) of split '{spec}' are longer than {self._said()} (row {i}: {n} "
+                              "tokens)", where="task.max_prompt_tokens",
+                              fix="raise task.max_prompt_tokens, or set task.on_long: filter to leave them out"
+                              if self.max_prompt_tokens is not None else "shorten them, lower the generator's "
+                              "max_new_tokens or set task.max_prompt_tokens; or set task.on_long: filter to leave "
+                              "them out")
+        too_long = {i for i, _ in long}
+        rows = [r for r in read if r[0] not in too_long]
+        self._check_ids(rows, spec)
+        out = sorted(too_long | {i for i, _, _ in missing})
+        self._extent[where] = {"range": [start, stop], "left_out": out}
+        if self.id_field is not None:
+            ids: list[str | None] = [None] * (stop - start)
+            for i, _, p in rows:
+                ids[i - start] = p.meta["id"]
+            self._extent[where]["ids"] = ids
+        return rows, len(long), len(missing)
 
-    def _prompt(self, i: int, row: dict[str, Any]) -> Prompt:
-        value = self.template(row)
+    def _missing(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        """``(kind, why)`` where the row has no prompt or answer (a field absent, null or empty), else None."""
+        for f in self.template.names:
+            if row.get(f) is None:
+                return "prompt", f"field '{f}' is {'null' if f in row else 'absent'}"
+        if self.answer is not None:
+            a = row.get(self.answer)
+            if a is None:
+                return "answer", f"field '{self.answer}' is {'null' if self.answer in row else 'absent'}"
+            if blank(a):
+                return "answer", f"field '{self.answer}' is empty"
+        return None
+
+    def _named(self, row: dict[str, Any]) -> str:
+        v = row.get(self.id_field) if self.id_field is not None else None
+        return f" ({self.id_field} '{v}')" if v is not None else ""
+
+    def _check_ids(self, rows: list[tuple[int, dict, Prompt]], spec: str) -> None:
+        """Every usable row has an id, and no two the same: the ledger names rows by them."""
+        if self.id_field is None:
+            return
+        seen: dict[str, int] = {}
+        for i, _, p in rows:
+            rid = p.meta.get("id")
+            if rid is None:
+                raise ConfigError(f"row {i} of split '{spec}' has no {self.id_field} (null or empty)",
+                                  where="task.id_field", fix=f"give every row its {self.id_field}, or set "
+                                  "task.id_field: null to know rows by their position")
+            if rid in seen:
+                raise ConfigError(f"rows {seen[rid]} and {i} of split '{spec}' have the same {self.id_field} "
+                                  f"'{rid}'", where="task.id_field", fix="make the ids unique, name a field of "
+                                  "unique values, or set task.id_field: null to know rows by their position")
+            seen[rid] = i
+
+    def _prompt(self, i: int, row: dict[str, Any], value: Any) -> Prompt:
         meta = {"row": i, "data": row}
         if self.answer is not None:
             meta["target"] = str(row[self.answer])
+        if self.id_field is not None:
+            rid = row.get(self.id_field)
+            if rid is not None and not blank(rid):
+                meta["id"] = str(rid)
         if _is_messages(value):
             msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in value]
             if self.system and msgs[0]["role"] != "system":
@@ -210,15 +209,42 @@ class DataTask:
                                                        "or write a template like '{question}'")
         return Prompt(value, meta, chat=self.chat, system=self.system)
 
-    def _length(self, p: Prompt) -> int | None:
-        if self.max_prompt_tokens is None:
-            return None
-        if self._tok is None:
+    # -- the prompt limit --------------------------------------------------------------------------
+    def _model(self) -> Path:
+        if self._dir is None:
             if self._model_dir is None:
                 raise ConfigError("task.max_prompt_tokens needs the model's tokenizer", where="task.max_prompt_tokens")
+            self._dir = Path(self._model_dir())
+        return self._dir
+
+    def _tokenizer(self):
+        if self._tok is None:                           # loaded once, for every row of every split
             from transformers import AutoTokenizer      # heavy: only a length limit needs the tokenizer
-            self._tok = AutoTokenizer.from_pretrained(str(self._model_dir()))
-        return len(encode(self._tok, p, self.model_name))
+            self._tok = AutoTokenizer.from_pretrained(str(self._model()))
+        return self._tok
+
+    def _limit(self, max_new_tokens: int | None) -> dict[str, int] | None:
+        """The longest prompt in tokens: ``max_prompt_tokens``; else the model's context less the graph's largest
+        ``max_new_tokens`` (where both are known); else none."""
+        if self.max_prompt_tokens is not None:
+            return {"tokens": self.max_prompt_tokens}
+        if max_new_tokens is None or self._model_dir is None:
+            return None
+        context = context_length(self._model())
+        if context is None:
+            return None
+        if context - max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's context "
+                              f"of {context} tokens", where="task.max_prompt_tokens",
+                              fix=f"lower the generator's max_new_tokens below {context}")
+        return {"tokens": context - max_new_tokens, "context": context, "max_new_tokens": max_new_tokens}
+
+    def _said(self) -> str:
+        lim = self.limit or {}
+        if "context" in lim:
+            return (f"the model's context {lim['context']} - max_new_tokens {lim['max_new_tokens']} = "
+                    f"{lim['tokens']} tokens")
+        return f"max_prompt_tokens = {lim.get('tokens')}"
 
     # -- the data order ------------------------------------------------------------------------------
     def order(self, epoch: int) -> list[int]:
@@ -255,10 +281,15 @@ class DataTask:
         return None if self.epochs is None else self.epochs * len(self.train) // self.prompts
 
     def describe(self) -> dict[str, Any]:
-        """What ``data.json`` keeps and the run prints; ``split``: the training rows' index range in their split
-        and the rows left out as too long (the ledger counts the rows never reached from it)."""
+        """What ``data.json`` keeps and the run prints. ``split``: the training rows' index range in their split,
+        the rows left out (too long, or without a prompt or answer) and, with ``id_field``, the id of each row of
+        the range (None where left out): the ledger counts the rows never reached from it and names them.
+        ``filtered`` / ``missing``: rows left out as too long / as missing a prompt or answer (``eval_``: of the
+        held-out split); ``limit``: the prompt limit in ``tokens`` and, when it is the default, the model's
+        ``context`` and the ``max_new_tokens`` it leaves room for."""
         return {"source": self.source, "fingerprint": self.fingerprint, "rows": len(self.train),
-                "split": self._extent["task.split"],
-                "filtered": self.filtered, "eval_rows": len(self.eval_rows[:self.eval_prompts]),
-                "eval_filtered": self.eval_filtered, "epochs": self.epochs,
+                "split": self._extent["task.split"], "id_field": self.id_field,
+                "filtered": self.filtered, "missing": self.missing, "limit": self.limit,
+                "eval_rows": len(self.eval_rows[:self.eval_prompts]),
+                "eval_filtered": self.eval_filtered, "eval_missing": self.eval_missing, "epochs": self.epochs,
                 "steps_per_epoch": len(self.train) / self.prompts}

@@ -19,12 +19,28 @@ def messages(prompt: Prompt) -> list[dict[str, str]]:
 
 
 def encode(tok, prompt: Prompt, model_name: str = "the model") -> list[int]:
+    head, text = _parts(tok, prompt, model_name)
+    return head + tok(text, add_special_tokens=False).input_ids
+
+
+def lengths(tok, prompts: list[Prompt], model_name: str = "the model", batch: int = 1024) -> list[int]:
+    """``[len(encode(tok, p, model_name)) for p in prompts]``, the texts tokenized ``batch`` at a time (a data
+    task measures every row of its splits)."""
+    out: list[int] = []
+    for at in range(0, len(prompts), batch):
+        parts = [_parts(tok, p, model_name) for p in prompts[at:at + batch]]
+        ids = tok([text for _, text in parts], add_special_tokens=False).input_ids
+        out += [len(head) + len(i) for (head, _), i in zip(parts, ids)]
+    return out
+
+
+def _parts(tok, prompt: Prompt, model_name: str) -> tuple[list[int], str]:
+    """The ids before the text (bos for a plain prompt) and the text to tokenize without special tokens."""
     if prompt.chat or prompt.messages:
         if not tok.chat_template:
             raise ConfigError(f"the task's prompts are chat messages but the tokenizer of '{model_name}' has no "
                               "chat template", where="model.path",
                               fix="use an instruct model with a chat template, or a task of plain prompts "
                                   "(task.chat: false, a prompt field of text)")
-        text = tok.apply_chat_template(messages(prompt), add_generation_prompt=True, tokenize=False)
-        return tok(text, add_special_tokens=False).input_ids
-    return [tok.bos_token_id] + tok(prompt.text, add_special_tokens=False).input_ids
+        return [], tok.apply_chat_template(messages(prompt), add_generation_prompt=True, tokenize=False)
+    return [tok.bos_token_id], prompt.text

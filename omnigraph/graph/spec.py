@@ -20,11 +20,13 @@ weights that generated it. Sync training gives 0; one-step-off gives 1.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
+from .. import plugins
 from .spec_base import NAME, Backend, Name, Seconds, Strict  # noqa: F401 - the schema's building blocks
 from .spec_rollout import EnvSpec, PartialSpec  # noqa: F401 - what a generate node adds to one completion
 from .spec_runtime import CheckpointSpec, RuntimeSpec  # noqa: F401 - how a run runs
@@ -54,7 +56,9 @@ class TaskSpec(Strict):
     folder of such files (one split per file, named by its stem) or a dataset saved by ``save_to_disk``, read
     with Hugging Face ``datasets`` (never the hub) by the task ``reader`` names; or the name of a task that
     makes its own (``reasoning_gym``: procedural tasks, its ``options`` name the dataset).
-    A relative path is relative to the directory ``omnigraph`` runs in."""
+    A relative path written in a graph file is relative to that file's folder (resolved when the file is read);
+    one given on the command line (``task.source=...``) or in Python is relative to the directory ``omnigraph``
+    runs in. A dumped spec (a run's ``config.yaml``) writes it absolute, so ``--resume`` reads the same data."""
     prompt: str = "prompt"
     """The prompt: a field of the rows, or a template over fields (``"{question} Reply with the number."``).
     A field holding a list of chat messages (``[{role, content}, ...]``) goes through the model's chat template."""
@@ -72,7 +76,18 @@ class TaskSpec(Strict):
     max_prompt_tokens: int | None = Field(None, ge=1, le=1_048_576)
     """Longest prompt (in the model's tokens, chat template included); longer ones are handled by ``on_long``."""
     on_long: Literal["filter", "error"] = "filter"
-    """Prompts over ``max_prompt_tokens``: left out (the count is printed and kept in ``data.json``) or an error."""
+    """Prompts over ``max_prompt_tokens``: left out (the count is printed and kept in ``data.json``) or an error.
+    Without ``max_prompt_tokens`` the limit is the model's context (``max_position_embeddings`` in its
+    ``config.json``) minus the graph's largest ``max_new_tokens``."""
+    on_missing: Literal["filter", "error"] = "filter"
+    """Rows whose prompt or answer is missing (the field absent or null) or empty (``""``, whitespace, an empty
+    list of messages; for a template, a field it names absent or null, or the whole prompt blank): left out (the
+    count is printed and kept in ``data.json``) or an error naming the first such row."""
+    id_field: str | None = "id"
+    """The field holding each row's own id: every prompt's meta carries it as ``id`` (a string), the ledger's
+    ``generated`` events name it and ``omnigraph ledger`` reports rows by it. The default ``id`` applies when the
+    rows have that field (else rows are known by position only); None: by position only. Ids must be present
+    and unique in the splits read."""
     chat: bool = False
     """Wrap text prompts in the model's chat template as the user's message (message lists always are)."""
     system: str | None = None
@@ -94,7 +109,8 @@ class TaskSpec(Strict):
     registered task's name, such as ``reasoning_gym``, is read by that task)."""
 
     DATA_FIELDS: ClassVar[tuple[str, ...]] = ("prompt", "answer", "split", "eval_split", "shuffle_seed", "epochs",
-                                              "max_prompt_tokens", "on_long", "chat", "system")
+                                              "max_prompt_tokens", "on_long", "on_missing", "id_field", "chat",
+                                              "system")
     """The fields of prompts from data: handed to the task that reads the source, where it takes them."""
 
     @model_validator(mode="after")
@@ -107,6 +123,26 @@ class TaskSpec(Strict):
         if self.source is not None and self.changed(("name",)):
             raise ValueError("task.name and task.source are exclusive: the prompts come from one of them")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> Any:
+        """Dumped (a run's ``config.yaml``, ``omnigraph.dump``), a task that reads ``source`` writes no
+        ``name`` (it is not the run's task), and a relative path to data is written absolute: the file may be read
+        from another folder (a run directory's ``config.yaml`` is, by ``--resume``)."""
+        data = handler(self)
+        if self.source is not None and isinstance(data, dict):
+            data.pop("name", None)
+            if "source" in data:
+                data["source"] = self.absolute_source(self.source)
+        return data
+
+    @staticmethod
+    def absolute_source(source: str) -> str:
+        """A relative path to data made absolute against the directory ``omnigraph`` runs in (where it is read
+        from); a registered task's name (``reasoning_gym``) or an absolute path as it is."""
+        if not source or source.startswith("~") or os.path.isabs(source) or plugins.has("tasks", source):
+            return source
+        return os.path.normpath(os.path.join(os.environ.get("OMNIGRAPH_WORKDIR", os.getcwd()), source))
 
     def changed(self, names: tuple[str, ...]) -> list[str]:
         """The fields among ``names`` whose value is not the default (a ``config.yaml`` writes every default

@@ -8,7 +8,7 @@ option: ``nodes.<generate>.options``, validated by the backend's options model.)
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 

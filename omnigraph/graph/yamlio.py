@@ -16,6 +16,7 @@ omnigraph.errors.GraphError: g.yaml:1: nodes.update.lr: Input should be greater 
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -54,7 +55,11 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
 
 
 def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> GraphSpec:
-    """Read a graph YAML file, apply ``key.path=value`` overrides, validate the schema."""
+    """Read a graph YAML file, apply ``key.path=value`` overrides, validate the schema.
+
+    A relative ``task.source`` written in the file is relative to the file's folder: it is made absolute here,
+    before the overrides apply (a ``task.source=...`` override stays relative to the working directory), unless
+    it names a registered task (``reasoning_gym``)."""
     p = Path(path)
     if not p.is_file():
         raise GraphError(f"no such file '{path}'", fix="pass the path of a graph YAML, e.g. graphs/grpo_one_step_off.yaml")
@@ -64,7 +69,20 @@ def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         text = p.read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError) as e:
         raise GraphError(f"cannot read the file: {e}", source=str(path)) from None
-    return load_text(text, str(path), overrides)
+    raw, lines = parse_yaml(text, str(path))
+    task = raw.get("task")
+    source = task.get("source") if isinstance(task, dict) else None
+    if isinstance(source, str) and source and not source.startswith("~") and not os.path.isabs(source) \
+            and not plugins.has("tasks", source):
+        task["source"] = os.path.normpath(os.path.join(os.path.abspath(p.parent), source))
+    given: dict[tuple, str] = {}
+    for item in overrides:             # as load_text does, on the document with its source resolved
+        raw = apply_override(raw, item)
+        key = tuple(item.partition("=")[0].strip().split("."))
+        given[key] = item
+        for at in [q for q in lines if q[:len(key)] == key]:
+            del lines[at]
+    return validate_raw(raw, str(path), lines, given)
 
 
 def load_text(text: str, source: str = "<yaml>", overrides: list[str] | tuple[str, ...] = ()) -> GraphSpec:

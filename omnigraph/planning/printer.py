@@ -141,10 +141,18 @@ def data_line(d: dict, spec) -> str:
         shots = f"; {d['fewshot']} solved example(s) before each question" if d.get("fewshot") else ""
         return (f"reasoning_gym {d['dataset']} {d.get('config') or ''} (seed {d['seed']}): endless, "
                 f"{d['held_out']} questions held out; eval {d['eval_rows']} held-out questions{shots}")
-    long = f", {d['filtered']} left out (> max_prompt_tokens {t.max_prompt_tokens})" if d["filtered"] else ""
+    limit = d.get("limit") or {"tokens": t.max_prompt_tokens}
+    longer = (f"longer than the model's context {limit['context']} - max_new_tokens {limit['max_new_tokens']} = "
+              f"{limit['tokens']} tokens" if "context" in limit else f"> max_prompt_tokens {limit['tokens']}")
+
+    def left_out(long: int, missing: int) -> str:
+        return ((f", {long} left out ({longer})" if long else "")
+                + (f", {missing} left out (no prompt or answer)" if missing else ""))
     used = spec.schedule.iterations * t.prompts / d["rows"]
-    return (f"{d['rows']} rows from {d['source']} (split {t.split}{long}); eval {d['eval_rows']} rows"
-            + (f" (split {t.eval_split})" if t.eval_split else "")
+    return (f"{d['rows']} rows from {d['source']} (split {t.split}{left_out(d['filtered'], d.get('missing', 0))})"
+            f"; eval {d['eval_rows']} rows"
+            + (f" (split {t.eval_split}{left_out(d.get('eval_filtered', 0), d.get('eval_missing', 0))})"
+               if t.eval_split else "")
             + f"; {d['steps_per_epoch']:.2f} steps per epoch, {spec.schedule.iterations} iterations use "
               f"{used:.2f} epochs" + (f" of {t.epochs}" if t.epochs else ""))
 

@@ -14,9 +14,10 @@ The runtime appends one JSON line per event to ``ledger.jsonl``::
 it is trained; it is still trained once. ``carried``: with partial rollouts a group still unfinished after a firing stays in
 the rollout and comes back in a later batch; one event per firing it stays.) With prompts from data
 (``task.source``) a ``generated`` event also names the group's dataset
-``row`` and ``epoch``, and the run directory's ``data.json`` says which rows
-the run draws from, so the ledger can say which rows were trained, dropped or
-never reached.
+``row`` and ``epoch`` and, where the rows have ids (``task.id_field``), the
+row's ``id``; the run directory's ``data.json`` says which rows the run draws
+from (and their ids), so the ledger can say which rows were trained, dropped
+or never reached, by id where it has them.
 
 ``omnigraph ledger RUN_DIR`` reads it back and checks the law of the pipeline:
 every generated group is trained (or dropped, with a reason) exactly once.
@@ -60,6 +61,23 @@ def events(record: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def row_ids(data: dict[str, Any] | None) -> dict[int, str]:
+    """Row index -> the row's own id, from a run's ``data.json`` (its ``split``: ``range`` and ``ids``, one per row
+    of the range, None for a row left out); empty where the rows have no ids (or the run predates them)."""
+    split = (data or {}).get("split") or {}
+    ids, rng = split.get("ids"), split.get("range")
+    if not ids or not rng:
+        return {}
+    return {rng[0] + k: str(v) for k, v in enumerate(ids) if v is not None}
+
+
+def with_id(event: dict[str, Any], ids: dict[int, str]) -> dict[str, Any]:
+    """A ``generated`` event of a data row with the row's ``id`` added (where ``ids``, :func:`row_ids`, has it)."""
+    if event.get("event") == "generated" and event.get("row") in ids and "id" not in event:
+        return {**event, "id": ids[event["row"]]}
+    return event
+
+
 @dataclass
 class Summary:
     generated: int = 0
@@ -74,7 +92,9 @@ class Summary:
     staleness: dict[int, int] = field(default_factory=dict)
     rows: dict[str, Any] | None = None
     """Prompts from data: ``total`` rows the run draws from, and the sorted row indices ``trained`` (at least
-    one group of the row trained), ``dropped`` (generated, never trained), ``never_reached``; ``epochs``."""
+    one group of the row trained), ``dropped`` (generated, never trained), ``never_reached``; ``epochs``; where
+    the rows have ids, ``id_field`` and the same lists by id: ``trained_ids``, ``dropped_ids``,
+    ``never_reached_ids``."""
 
     @property
     def ok(self) -> bool:
@@ -130,6 +150,13 @@ def _rows(lines: list[dict[str, Any]], trained: Counter, data: dict[str, Any]) -
         start, stop = split["range"]
         usable = set(range(start, stop)) - set(split.get("left_out", []))
         out.update(total=len(usable), never_reached=sorted(usable - reached))
+    ids = {**row_ids(data), **{e["row"]: str(e["id"]) for e in lines
+                               if e.get("event") == "generated" and "row" in e and "id" in e}}
+    if ids:                                            # the rows' own ids: the report names rows by them
+        out["id_field"] = data.get("id_field") or "id"
+        for kind in ("trained", "dropped", "never_reached"):
+            if kind in out:
+                out[f"{kind}_ids"] = [ids.get(r, f"row {r}") for r in out[kind]]
     return out
 
 
@@ -169,11 +196,16 @@ def _format_rows(rows: dict[str, Any] | None) -> list[str]:
     if rows is None:
         return []
 
-    def some(ids: list[int]) -> str:
-        return f" (rows {', '.join(map(str, ids[:8]))}{', ...' if len(ids) > 8 else ''})" if ids else ""
+    def some(kind: str) -> str:
+        """The first rows of a list: by id (``id_field``) where the rows have ids, else by index."""
+        ids = rows.get(f"{kind}_ids")
+        shown = [str(i) for i in (rows[kind] if ids is None else ids)[:8]]
+        name = "rows" if ids is None else f"{rows.get('id_field', 'id')}s"
+        return f" ({name} {', '.join(shown)}{', ...' if len(rows[kind]) > 8 else ''})" if rows[kind] else ""
     total = f" of {rows['total']}" if "total" in rows else ""
-    out = [f"dataset rows trained:    {len(rows['trained'])}{total} over {rows['epochs']} epoch(s)",
-           f"rows dropped:            {len(rows['dropped'])}{some(rows['dropped'])}"]
+    out = [f"dataset rows trained:    {len(rows['trained'])}{total} over {rows['epochs']} epoch(s)"
+           + (f", known by their {rows['id_field']}" if "id_field" in rows else ""),
+           f"rows dropped:            {len(rows['dropped'])}{some('dropped')}"]
     if "never_reached" in rows:
-        out.append(f"rows never reached:      {len(rows['never_reached'])}{some(rows['never_reached'])}")
+        out.append(f"rows never reached:      {len(rows['never_reached'])}{some('never_reached')}")
     return out

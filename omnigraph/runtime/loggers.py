@@ -54,8 +54,6 @@ from urllib.parse import urlparse
 
 import yaml
 
-from pydantic import Field
-
 from .. import plugins
 from ..errors import GraphError
 from ..sdk import Options

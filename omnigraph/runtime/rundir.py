@@ -9,8 +9,8 @@
 - ``timeline.jsonl``: the node runs of the first steps (the measured pipeline);
 - ``restarts.jsonl``: each supervised restart with its cause, each resume and
   each damaged checkpoint skipped;
-- ``data.json``: with prompts from data, what was read (source, fingerprint, rows, rows left out), checked
-  again by ``--resume`` and read by ``omnigraph ledger``;
+- ``data.json``: with prompts from data, what was read (source, fingerprint, rows, rows left out, the rows'
+  ids), checked again by ``--resume`` (the fingerprint) and read by ``omnigraph ledger``;
 - ``checkpoints/``, ``final/``, ``summary.json`` and the plots;
 - with ``runtime.loggers``: ``tensorboard/``, ``wandb/``, ``mlruns/`` and ``loggers.json`` (the W&B and
   MLflow run ids a resumed run continues, :mod:`.loggers`).
@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from ..errors import GraphError
+from .ledger import row_ids, with_id
 
 
 def new_run_dir(parent: str | Path, name: str) -> Path:
@@ -86,12 +87,15 @@ def append(out: Path, name: str, obj: dict[str, Any]) -> None:
 
 
 class RunFiles:
-    """The run's append-only JSON-lines files, with their line counts (checkpoints record them)."""
+    """The run's append-only JSON-lines files, with their line counts (checkpoints record them). A ``generated``
+    ledger event of a data row gets the row's ``id`` from ``data.json`` (the rows' own ids, ``task.id_field``)."""
 
     NAMES = ("metrics", "ledger", "timeline")
 
     def __init__(self, out: Path, counts: dict[str, int] | None):
         self.out = out
+        data = out / "data.json"
+        self.ids = row_ids(json.loads(data.read_text())) if data.is_file() else {}
         if counts is not None:                 # resuming: cut what came after the checkpoint
             for name in self.NAMES:
                 _truncate_lines(out / f"{name}.jsonl", counts.get(f"{name}_lines", 0))
@@ -99,6 +103,8 @@ class RunFiles:
         self.f = {n: open(out / f"{n}.jsonl", "a") for n in self.NAMES}
 
     def write(self, name: str, obj: dict) -> None:
+        if name == "ledger" and self.ids:
+            obj = with_id(obj, self.ids)
         self.f[name].write(json.dumps(obj) + "\n")
         self.counts[name] += 1
 
