@@ -153,6 +153,14 @@ def test_transformers_privates_are_where_the_adapter_expects_them():
     assert transformers_adapter.tokenizer_class("PreTrainedTokenizerFast") is not None
     assert transformers_adapter.attn_implementation(Qwen2Config(attn_implementation="eager")) == "eager"
     assert callable(transformers_adapter.sdpa_attention_forward())
+    from transformers import DynamicCache
+    cache = DynamicCache(config=Qwen2Config(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                            hidden_size=8))
+    for i in range(2):
+        cache.update(torch.arange(12.0).view(3, 1, 2, 2) + i, torch.zeros(3, 1, 2, 2), i)
+    transformers_adapter.repeat_cache_rows(cache, torch.tensor([2, 0, 2, 2]))
+    assert [layer.keys[:, 0, 0, 0].tolist() for layer in cache.layers] == [[8, 0, 8, 8], [9, 1, 9, 9]]
+    assert cache.layers[0].values.shape == (4, 1, 2, 2)
 
 
 def test_the_tiny_reward_models_tokenizer_has_a_public_backend():

@@ -89,6 +89,28 @@ def test_shared_prompt_forward_gives_the_plain_logits_and_gradients(lora):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
 
 
+def test_shared_prompt_gradients_are_the_same_on_every_run():
+    """The prompts' keys and values are copied to their rows in shuffled order; the backward sums each
+    prompt's copies in a fixed order, so one batch gives bit-identical gradients however the CPU's threads run
+    (an indexing copy's backward adds them as the threads reach them: reruns of a run drifted apart)."""
+    model, tok = models.load(zoo.tiny(0), "float32", "cpu")
+    model.train()
+    ids, mask, P = _batch(tok, samples=32, seed=5)          # 128 rows, 4 prompts, shuffled
+    params = list(model.parameters())
+    digests = set()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))                  # one thread adds in one order: nothing to check
+    try:
+        for _ in range(6):
+            logits = completion_logits(model, ids, mask, position_ids(mask), P, share=True)
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+            grads = torch.autograd.grad((lp * mask[:, P:]).sum(), params)
+            digests.add(b"".join(g.numpy().tobytes() for g in grads))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(digests) == 1, f"{len(digests)} different gradients from 6 runs of one batch"
+
+
 def test_update_trains_the_same_weights_with_and_without_sharing():
     """The same AdamW step either way, up to the order of float additions. AdamW's first step moves a weight
     by about lr * sign(gradient) whatever the gradient's size, so where a gradient is within float noise of 0

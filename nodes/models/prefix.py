@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from omnigraph.sdk.adapters.transformers import repeat_cache_rows
+
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding (what ``generate`` uses), so trainer and rollout agree."""
@@ -62,11 +64,12 @@ def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids
     cache = DynamicCache(config=getattr(model, "config", None))
     head = model(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=position_ids[first, :P],
                  past_key_values=cache, use_cache=True, logits_to_keep=1)
-    first_logits = head.logits[inverse]           # [b, 1, V]: each row's first completion token
+    # index_select, not indexing: its backward sums each prompt's rows in a fixed order (bit-identical reruns)
+    first_logits = head.logits.index_select(0, inverse)     # [b, 1, V]: each row's first completion token
     if c == 1:
         return first_logits
     cache = head.past_key_values
-    cache.batch_select_indices(inverse)           # each row's copy of its prompt's keys and values
+    repeat_cache_rows(cache, inverse)             # each row's copy of its prompt's keys and values
     rest = model(input_ids=ids[:, P:-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, P:-1],
                  past_key_values=cache, use_cache=True, logits_to_keep=c - 1)
     return torch.cat([first_logits, rest.logits], 1)
@@ -87,5 +90,5 @@ def prefill(model, ids: torch.Tensor, mask: torch.Tensor):
     ids, mask = ids[first, :-1], mask[first, :-1]
     model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache, use_cache=True,
           logits_to_keep=1)
-    cache.batch_select_indices(inverse)
+    repeat_cache_rows(cache, inverse)
     return cache

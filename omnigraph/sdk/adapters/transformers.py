@@ -9,7 +9,10 @@
   decoder gives ``sdpa`` models its grouped-query attention); there is a setter on the model, no public getter;
 - ``transformers.integrations.sdpa_attention.sdpa_attention_forward`` and ``transformers.masking_utils.sdpa_mask``:
   transformers' own ``sdpa`` attention and its masks, which an attention registered under a new name falls
-  back to and reuses (internal modules, not exported at the top level).
+  back to and reuses (internal modules, not exported at the top level);
+- ``DynamicCache.layers[i].keys`` / ``.values``: a cache's tensors, which :func:`repeat_cache_rows` expands with
+  ``index_select`` (``DynamicCache.batch_select_indices`` indexes them, and the backward of an index with
+  repeated rows adds its gradients in an order that varies from run to run on a CPU with several threads).
 
 >>> from types import SimpleNamespace
 >>> attn_implementation(SimpleNamespace(_attn_implementation="sdpa")), attn_implementation(None)
@@ -72,3 +75,15 @@ def register_attention(name: str, forward) -> None:
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     AttentionInterface.register(name, forward)
     AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def repeat_cache_rows(cache, index) -> None:
+    """Make row ``i`` of every layer of ``cache`` (a ``DynamicCache``) a copy of its row ``index[i]``, in place,
+    with a backward that is the same on every run: ``index_select``'s backward adds the rows' gradients in
+    ``index``'s order, where that of ``DynamicCache.batch_select_indices`` (advanced indexing: an accumulating
+    ``index_put_``) adds them in whatever order the CPU's threads reach them."""
+    check_version()
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
