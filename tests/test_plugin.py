@@ -44,6 +44,21 @@ def test_check_finds_the_plugins_backend_task_and_reward(installed):
     assert typo.returncode == 1 and "did you mean 'loop'" in typo.stderr, typo.stderr
 
 
+def test_a_misspelt_option_of_the_plugins_task_is_refused_at_check_not_at_run_time(installed, tmp_path):
+    """Not a ``TypeError: __init__() got an unexpected keyword argument`` once the actors have started: check
+    knows the plugin's keyword arguments, and ``run`` checks before it starts anything."""
+    for command in (["check"], ["run", "--run-dir", str(tmp_path)]):
+        out = subprocess.run([str(installed), *command, str(PLUGIN / "graph.yaml"), "task.options.max_digit=5"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.startswith("error: task.options.max_digit: unknown task even_digits option 'max_digit' "
+                                     "(did you mean 'max_digits'?"), out.stderr
+    assert not any(tmp_path.iterdir())                    # nothing started, nothing written
+    ok = subprocess.run([str(installed), "check", str(PLUGIN / "graph.yaml"), "task.options.max_digits=5"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+
+
 @pytest.mark.slow
 def test_a_graph_trains_with_the_plugins_backend_task_and_reward(installed, tmp_path):
     out = subprocess.run([str(installed), "run", str(PLUGIN / "graph.yaml"), "schedule.iterations=30", "--quiet",

@@ -16,14 +16,17 @@ EVEN = "02468"
 
 
 class EvenDigits:
-    """``copy <n>:`` for numbers written with even digits only (3 or 4 of them); a held-out set of its own."""
+    """``copy <n>:`` for numbers written with even digits only (``min_digits`` to ``max_digits`` of them, its
+    options: ``task: {name: even_digits, options: {max_digits: 5}}``); a held-out set of its own."""
 
-    def __init__(self, prompts: int, seed: int = 0, eval_prompts: int = 32):
+    def __init__(self, prompts: int, seed: int = 0, eval_prompts: int = 32, min_digits: int = 3,
+                 max_digits: int = 4):
         self.prompts, self.seed, self.eval_prompts = prompts, seed, eval_prompts
+        self.digits = (min_digits, max_digits)
 
     def _draw(self, rng: random.Random) -> Prompt:
         first = rng.choice(EVEN[1:])
-        number = first + "".join(rng.choice(EVEN) for _ in range(rng.randint(2, 3)))
+        number = first + "".join(rng.choice(EVEN) for _ in range(rng.randint(*self.digits) - 1))
         return Prompt(f"copy {number}:", {"target": number})
 
     def batch(self, step: int) -> list[Prompt]:
