@@ -77,8 +77,8 @@ def supervised(graph: Path, overrides: list[str], out: Path, inject: str | None 
     try:
         res = run(og.compile(graph, overrides=overrides), run_dir=out, executor="ray", progress=False)
         error = None
-    except NodeFailure as e:
-        res, error = None, str(e)
+    except Exception as e:              # a restart that did not happen: the case failed, the bench goes on
+        res, error = None, f"{type(e).__name__}: {e}"
     finally:
         os.environ.pop("OMNIGRAPH_INJECT", None)
         stop.set()
@@ -113,7 +113,22 @@ def judged(r: dict, cause: str, expected_groups: int) -> dict:
     intact = s.ok and s.generated == s.trained_once == expected_groups
     return {"observed": observed, "survived": observed and intact and r["error"] is None, "restarts": len(restarts),
             "causes": [e["cause"][:120] for e in restarts], "generated": s.generated, "trained": s.trained_once,
-            "lost": s.lost, "twice": len(s.trained_twice)}
+            "lost": s.lost, "twice": len(s.trained_twice), "error": r["error"]}
+
+
+def failed(error: BaseException) -> dict:
+    """A case whose run ended in an error the supervisor did not recover from: reported, not survived."""
+    return {"observed": False, "survived": False, "restarts": 0, "causes": [], "generated": 0, "trained": 0,
+            "lost": 0, "twice": 0, "error": f"{type(error).__name__}: {error}"[:300]}
+
+
+def attempt(label: str, fn, *args, default=None):
+    """``fn(*args)``, or ``default`` with the error printed: one broken section does not lose the others."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        print(f"  {label}: FAILED ({type(e).__name__}: {str(e)[:200]})", flush=True)
+        return default
 
 
 def corrupt_and_resume(out: Path, expected_groups: int) -> dict:
@@ -138,7 +153,8 @@ def corrupt_and_resume(out: Path, expected_groups: int) -> dict:
     ok = s.ok and s.generated == s.trained_once == expected_groups
     return {"observed": bool(skipped), "survived": bool(skipped) and ok, "restarts": 0,
             "causes": [f"{newest.name} reported damaged, resumed from {previous.name}" if skipped else "not reported"],
-            "generated": s.generated, "trained": s.trained_once, "lost": s.lost, "twice": len(s.trained_twice)}
+            "generated": s.generated, "trained": s.trained_once, "lost": s.lost, "twice": len(s.trained_twice),
+            "error": None}
 
 
 def resume_bit_exact(tmp: Path, executor: str) -> bool:
@@ -192,12 +208,19 @@ def main() -> int:
             def case(name, kind, graph, over, cause, groups, inject=None, kill=None):
                 nonlocal n
                 n += 1
-                r = supervised(graph, over, tmp / f"f{n}", inject=inject, kill=kill)
-                if kill:
-                    actor = r["killed"].get("actor", "(none: the run ended first)")
-                    name, cause = f"{name}: {actor}", rf"actor {re.escape(actor)} (died|is gone)"
-                results[name], kinds[name] = judged(r, cause, groups), kind
-                print(f"  {name}: {'survived' if results[name]['survived'] else 'NOT survived'}", flush=True)
+                try:
+                    r = supervised(graph, over, tmp / f"f{n}", inject=inject, kill=kill)
+                    if kill:
+                        actor = r["killed"].get("actor", "(none: the run ended first)")
+                        name, cause = f"{name}: {actor}", rf"actor {re.escape(actor)} (died|is gone)"
+                    results[name] = judged(r, cause, groups)
+                except Exception as e:
+                    name = f"{name} #{n}" if name in results else name
+                    results[name] = failed(e)
+                kinds[name] = kind
+                r = results[name]
+                print(f"  {name}: {'survived' if r['survived'] else 'NOT survived'}"
+                      f"{'' if r['error'] is None else ' (' + r['error'][:200] + ')'}", flush=True)
 
             for node in ("generate", "reward", "old_logprob", "update", "sync"):
                 case(f"raise as {node} starts", "start", SYNTH, SYNTH_OVER,
@@ -217,14 +240,18 @@ def main() -> int:
                      real_groups, inject="generate@7/engine.3:raise")
             for i in range(2 if args.quick else 6):
                 case("SIGKILL from outside", "kill", REAL, REAL_OVER, "", real_groups, kill=(i, 1.5))
-            results["damaged newest checkpoint"], kinds["damaged newest checkpoint"] = \
-                corrupt_and_resume(tmp / "corrupt", synth_groups), "checkpoint"
-            max_stale, regenerated = on_stale_wait(tmp / "wait")
+            try:
+                results["damaged newest checkpoint"] = corrupt_and_resume(tmp / "corrupt", synth_groups)
+            except Exception as e:
+                results["damaged newest checkpoint"] = failed(e)
+            kinds["damaged newest checkpoint"] = "checkpoint"
+            max_stale, regenerated = attempt("on_stale wait", on_stale_wait, tmp / "wait", default=(None, None))
         finally:
             ray.shutdown()
-        exact_local = resume_bit_exact(tmp / "exact-local", "local")
-        exact_ray = resume_bit_exact(tmp / "exact-ray", "ray")
-        fz = fuzz(1000 if args.quick else 5000, tmp, time_limit_s=5.0)
+        exact_local = attempt("exact resume on local", resume_bit_exact, tmp / "exact-local", "local")
+        exact_ray = attempt("exact resume on ray", resume_bit_exact, tmp / "exact-ray", "ray")
+        fz = attempt("fuzz", fuzz, 1000 if args.quick else 5000, tmp, 5.0,
+                     default={"cases": 0, "tracebacks": None, "hangs": None})
     print(f"\n{'fault':<58} {'observed':>8} {'restarts':>8} {'generated':>9} {'trained':>7} {'lost':>5} "
           f"{'twice':>5}  survived")
     for name, r in results.items():
@@ -246,7 +273,8 @@ def main() -> int:
            "resume_bit_exact_local": exact_local, "resume_bit_exact_ray": exact_ray,
            "on_stale_wait_max_staleness": max_stale, "on_stale_wait_regenerated_samples": regenerated,
            "fuzz_cases": fz["cases"], "fuzz_tracebacks": fz["tracebacks"], "fuzz_hangs": fz["hangs"],
-           "faults": {name: {k: r[k] for k in ("observed", "survived", "restarts")} for name, r in results.items()}}
+           "faults": {name: {k: r[k] for k in ("observed", "survived", "restarts", "error")}
+                      for name, r in results.items()}}
     record.emit("faults", out, args)
     return 0
 

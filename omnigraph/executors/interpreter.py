@@ -35,6 +35,7 @@ from ..transports.base import portable
 from . import build, checks
 from .faults import Faults
 from .regenerate import Regenerator
+from .snapshot import groups_in, with_held
 
 
 class Interpreter:
@@ -322,7 +323,8 @@ class Interpreter:
             t.close()
 
     def snapshot_bytes(self) -> bytes:
-        """Everything this actor needs to continue exactly: buffers, versions, node state, RNG."""
+        """Everything this actor needs to continue exactly: buffers, versions, node state, RNG; its trailer
+        names the prompt groups it holds in flight (:mod:`.snapshot`), for the checkpoint's manifest."""
         for name in self.nodes:
             self._attach(name)
         state = {"actor": self.actor, "policy_version": self.policy_version, "versions": dict(self.versions),
@@ -336,7 +338,16 @@ class Interpreter:
         buf = io.BytesIO()
         with portable():            # weights packs as host tensors, never as CUDA IPC handles or file names
             pickle.dump(state, buf, protocol=pickle.HIGHEST_PROTOCOL)
-        return buf.getvalue()
+        return with_held(buf.getvalue(), self.held())
+
+    def held(self) -> set[int]:
+        """The prompt groups this actor holds, generated and not yet trained: in its delay buffers (the
+        one-step-off edge) and unfinished in its partial rollouts."""
+        held = set().union(*self.in_flight.values())
+        for line in self.lines.values():
+            if not line.state:
+                held |= groups_in([v for _, v in line.queue])
+        return held
 
     def restore_bytes(self, blob: bytes) -> None:
         state = pickle.loads(blob)

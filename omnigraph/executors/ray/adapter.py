@@ -12,7 +12,9 @@ adapter is here).
 - ``ActorHandle._actor_id`` (:func:`actor_id`): the id of the actor behind a handle, which a
   ``RayActorError`` names; handles have no public accessor;
 - the logger ``ray.dag.compiled_dag_node`` (:func:`quiet_compiled_dag`): compiled graphs' teardown complains
-  there about actors already killed.
+  there about actors already killed;
+- ``CompiledDAG._dag_submitter._closed`` (:func:`compiled_dag_closed`): whether a compiled graph's monitor has
+  begun tearing it down (it closes the driver's channels first), which a test's kill waits for.
 
 Ray is imported inside the functions: the warm server imports this module and must not import Ray.
 """
@@ -94,3 +96,10 @@ def quiet_compiled_dag() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def compiled_dag_closed(compiled) -> bool:
+    """Whether the driver's input channels of ``compiled`` (a ``CompiledDAG``) are closed: its monitor tears the
+    graph down, closing them first, once one of its actors died; the next ``execute`` raises ``RayChannelError``."""
+    submitter = getattr(compiled, "_dag_submitter", None)
+    return submitter is None or bool(getattr(submitter, "_closed", True))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
 import uuid
@@ -16,6 +18,7 @@ from ... import plugins
 from ...errors import GraphError, NodeFailure
 from ...transports.shmfiles import remove_shm     # not .pack: the driver need not load torch
 from ..base import Executor, StepResult
+from ..faults import DriverFaults
 from .placement import core_layout, fmt_labels, unlabelled
 from .program import Op, pipe_names, program
 from .actor import GraphActor
@@ -28,6 +31,13 @@ MIN_BUFFER = 1 << 20
 IN_FLIGHT = 2
 """Executions in flight: step t + 1 is submitted while step t runs, so actors overlap."""
 START_TIMEOUT_S = 600.0
+LOST_WAIT_S = 15.0
+"""How long the driver asks the actors which one is gone, after Ray said one is but not which (a closed channel)."""
+VANISHED = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.RayChannelError,
+            ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.LocalRayletDiedError)
+"""Ray's errors of an actor (or its node) that vanished, as the driver meets them: a call to it or a value of
+it that cannot come (actor, object), and a compiled graph its monitor tore down on the actor's death (each
+channel closed: submitting the next step, reading a step's results)."""
 
 
 def channel_bytes(plan) -> int:
@@ -57,6 +67,7 @@ class RayExecutor(Executor):
 
     def start(self) -> None:
 
+        self.driver_faults = DriverFaults()         # kills by the driver itself, for tests (OMNIGRAPH_INJECT)
         spec = self.plan.graph.spec
         self._owns_ray = not ray.is_initialized()
         # what Ray's workers preload, they load before an actor could set its environment (see _start_actors)
@@ -246,15 +257,81 @@ class RayExecutor(Executor):
                 break
             if barrier is not None and barrier(t):
                 while pending:
-                    yield self._finish(*pending.popleft())
-            pending.append((t, fired, self._submit(t, fired)))
+                    yield self._collect(*pending.popleft())
+            pending.append((t, fired, self._submit_step(t, fired)))
             if len(pending) >= IN_FLIGHT:
-                yield self._finish(*pending.popleft())
+                yield self._collect(*pending.popleft())
         while pending:
-            yield self._finish(*pending.popleft())
+            yield self._collect(*pending.popleft())
+
+    def _submit_step(self, t: int, fired: frozenset):
+        """Submit step ``t``; an actor that vanished before or meanwhile is a NodeFailure."""
+        self._driver_fault(t, "submit")
+        self._driver_fault(t, "submitting")
+        with self.vanished(t, fired):
+            ref = self._submit(t, fired)
+        self._driver_fault(t, "submitted")
+        return ref
+
+    def _collect(self, t: int, fired: frozenset, ref) -> StepResult:
+        """Step ``t``'s results; an actor that vanished before or meanwhile is a NodeFailure."""
+        with self.vanished(t, fired):
+            result = self._finish(t, fired, ref)
+        self.last_step = t
+        return result
+
+    @contextlib.contextmanager
+    def vanished(self, step: int, fired) -> Iterator[None]:
+        """Within the block, Ray's errors of an actor that vanished (:data:`VANISHED`) become the NodeFailure that
+        names it, and Ray's timeouts the hang's: the supervisor restarts on either, wherever the driver was
+        (submitting a step, reading one). A compiled graph's monitor tears the graph down as soon as one of its
+        actors dies, so the next submit or read finds its channel closed: ``RayChannelError``, which names nobody."""
+        try:
+            yield
+        except NodeFailure:
+            raise
+        except (ray.exceptions.RayChannelTimeoutError, ray.exceptions.GetTimeoutError):
+            self.check_alive(step, fired)           # a dead actor's step cannot finish: name it, not a hang
+            raise self.hung(step) from None
+        except VANISHED as e:
+            raise self.lost(step, fired, e) from None
+
+    def _driver_fault(self, step: int, point: str) -> None:
+        """A ``kill`` planned for this point of the driver's loop (``OMNIGRAPH_INJECT``, tests only): SIGKILL the
+        actor's process, then (except ``submitting``) wait until Ray has seen it die."""
+        faults = getattr(self, "driver_faults", None)
+        due = faults.due(step, point) if faults is not None else None
+        if due is None:
+            return
+        node, rank = due
+        tasks = self.plan.tasks_of(node)
+        actor = tasks[min(rank, len(tasks) - 1)].actor if tasks else node
+        os.kill(self.info[actor]["pid"], signal.SIGKILL)
+        if point != "submitting":
+            self._until_seen_dead(actor)
+
+    def _until_seen_dead(self, actor: str, timeout: float = 60.0) -> None:
+        """Until a call to ``actor`` fails as Ray's for a dead actor, then until :meth:`seen_dead`: the driver's next
+        move meets the death as it would once Ray has noticed it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self.actors[actor].status.options(concurrency_group="control").remote(), timeout=5)
+            except ray.exceptions.RayActorError:
+                break
+            except ray.exceptions.GetTimeoutError:
+                pass
+            time.sleep(0.05)
+        while not self.seen_dead() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def seen_dead(self) -> bool:
+        """Whether this executor's own machinery has noticed an actor's death (a compiled graph: torn down)."""
+        return True
 
     def snapshot(self) -> dict[str, bytes]:
         refs = {n: a.snapshot.options(concurrency_group="control").remote() for n, a in self.actors.items()}
+        self._driver_fault(getattr(self, "last_step", -1), "snapshot")
         return dict(zip(refs, self._control(list(refs.values()))))
 
     def restore(self, snaps: dict[str, bytes]) -> None:
@@ -323,10 +400,16 @@ class RayExecutor(Executor):
             where = self.info.get(name, {}).get("node_id", "")[:8]
             return NodeFailure(node, at, f"actor {name} is gone ({type(err).__name__}): its process or its "
                                          f"node {where} died")
-        try:
-            self.check_alive(step, fired)
-        except NodeFailure as f:
-            return f
+        # the error names nobody (a compiled graph's closed channel): ask the actors, a while, for Ray to know
+        deadline = time.monotonic() + LOST_WAIT_S
+        while True:
+            try:
+                self.check_alive(step, fired)
+            except NodeFailure as f:
+                return f
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         return NodeFailure("(unknown)", step, f"an actor is gone: {type(err).__name__}: {err}")
 
     def _named(self, err) -> str | None:

@@ -17,6 +17,12 @@ One execution of the compiled graph is one step. Lowering (DESIGN.md):
 The driver keeps two executions in flight, so step ``t + 1`` is submitted while
 step ``t`` runs, and sleeps on the actors' signals instead of spinning in ``get``.
 Compiled Graphs' submit/get timeouts come from ``runtime.step_timeout_s``.
+
+An actor that dies (killed, out of memory, its node lost) makes Ray's monitor tear the whole graph down:
+every channel closes, and whatever the driver does next with it (submit the next step, read a step's
+results) raises ``RayChannelError: Channel closed``, which names no actor. The driver's loop
+(``RayExecutor.vanished``) turns it, like every other form of a vanished actor, into the NodeFailure that
+names the dead actor's node, and the supervisor restarts from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -26,12 +32,11 @@ import time
 from typing import Any
 
 from ray.dag import InputNode, MultiOutputNode
-from ray.exceptions import RayActorError, RayChannelTimeoutError
 
 from ...errors import GraphError
 from ..base import StepResult
-from .adapter import quiet_compiled_dag
-from .common import IN_FLIGHT, RayExecutor
+from .adapter import compiled_dag_closed, quiet_compiled_dag
+from .common import IN_FLIGHT, VANISHED, RayExecutor
 
 
 class RayCompiledExecutor(RayExecutor):
@@ -42,7 +47,10 @@ class RayCompiledExecutor(RayExecutor):
         super().start()
         self.compiled = None
         self.unread = 0             # executions submitted whose results were not read
-        self.compiled = self._compile()
+        try:
+            self.compiled = self._compile()
+        except VANISHED as e:       # an actor died as the graph was set up on it
+            raise self.lost(-1, frozenset(), e) from None
 
     def _compile(self):
         outs: dict[int, Any] = {}
@@ -95,6 +103,8 @@ class RayCompiledExecutor(RayExecutor):
         return ref
 
     def _finish(self, t: int, fired: frozenset, ref) -> StepResult:
+        """Step ``t``'s results (the caller, ``RayExecutor._collect``, turns Ray's errors of a dead actor and its
+        timeouts into NodeFailures)."""
         if self.signals is not None:
             deadline = time.monotonic() + self.timeout
             missing = [f"done-{a}" for a in self.actors]
@@ -104,14 +114,14 @@ class RayCompiledExecutor(RayExecutor):
                     self.check_alive(t, fired)
                     if time.monotonic() >= deadline:
                         raise self.hung(t)
-        try:
-            results = [r.get(timeout=self.timeout) for r in ref]
-        except RayChannelTimeoutError:
-            raise self.hung(t) from None
-        except RayActorError as e:       # an actor's process or node is gone (no signal pipes)
-            raise self.lost(t, fired, e) from None
+        self._driver_fault(t, "collect")
+        results = [r.get(timeout=self.timeout) for r in ref]
         self.unread -= 1
         return self.result(t, fired, results)
+
+    def seen_dead(self) -> bool:
+        compiled = getattr(self, "compiled", None)
+        return compiled is None or compiled_dag_closed(compiled)
 
     def stop(self) -> None:
         compiled, self.compiled = getattr(self, "compiled", None), None

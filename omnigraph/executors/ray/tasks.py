@@ -63,10 +63,10 @@ class RayTasksExecutor(RayExecutor):
         return [refs[op.id] for op in self.ops if op.kind == "collect"]
 
     def _finish(self, t: int, fired: frozenset, refs: list) -> StepResult:
-        try:
-            results = ray.get(refs, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise self.hung(t) from None
-        except ray.exceptions.RayActorError as e:
-            raise self.lost(t, fired, e) from None
+        """Step ``t``'s results (the caller, ``RayExecutor._collect``, turns Ray's errors of a dead actor and its
+        timeouts into NodeFailures)."""
+        if getattr(self, "driver_faults", None) is not None and self.driver_faults.plan:
+            ray.wait(refs, num_returns=len(refs), timeout=self.timeout)
+            self._driver_fault(t, "collect")
+        results = ray.get(refs, timeout=self.timeout)
         return self.result(t, fired, results)
