@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from omnigraph.sdk import Backend, ConfigError, Options, load
+from omnigraph.sdk.registry import load_dotted
 
 WARM_MODEL = "nodes.models:warm"
 """Warm workers import the model's architecture code with the backend's module (``Backend.warm``)."""
@@ -84,6 +85,29 @@ def _not_partial_episodes(node, options, spec) -> list:
     return []
 
 
+def _agent(node, options, spec) -> list:
+    """``agent:`` names a program that loads, and runs alone: not with ``env`` (the agent is the environment)
+    nor ``partial`` (an agent's requests are answered whole)."""
+    agent = getattr(options, "agent", None)
+    if agent is None:
+        return []
+    out = []
+    if options.env is not None:
+        out.append(ConfigError("an agent drives its own turns: it replaces env (write the environment's logic in "
+                               "the agent)", where=f"nodes.{node}.agent", fix="remove env, or remove agent"))
+    if options.partial is not None:
+        out.append(ConfigError("an agent's requests are answered whole, within one firing: partial rollouts do not "
+                               "apply", where=f"nodes.{node}.partial", fix="remove partial"))
+    if agent.entry is not None:
+        try:
+            load_dotted(agent.entry)
+        except LookupError as e:
+            out.append(ConfigError(f"cannot load the agent '{agent.entry}': {e}", where=f"nodes.{node}.agent.entry",
+                                   fix="give module:function of an async function (the module importable where "
+                                       "omnigraph runs: installed, or on PYTHONPATH)"))
+    return out
+
+
 def _static_decode(node, options, spec) -> list:
     """``decode: static`` compiles a CUDA graph per token: it needs a pool with GPUs."""
     pool, opts = spec.pools.get(options.pool), typed(HfOptions, options)
@@ -95,16 +119,17 @@ def _static_decode(node, options, spec) -> list:
 
 
 def _hf(node, options, spec) -> list:
-    return _episodes(node, options, spec) + _not_partial_episodes(node, options, spec) + _static_decode(node, options, spec)
+    return (_episodes(node, options, spec) + _not_partial_episodes(node, options, spec) + _agent(node, options, spec)
+            + _static_decode(node, options, spec))
 
 
 def _vllm(node, options, spec) -> list:
-    return _episodes(node, options, spec) + _not_partial_episodes(node, options, spec)
+    return _episodes(node, options, spec) + _not_partial_episodes(node, options, spec) + _agent(node, options, spec)
 
 
 GENERATE_HF = Backend("generate", "nodes.rollout.hf:Generate", uses_model=True, partial=True, options=HfOptions,
-                      capabilities=frozenset({"lend", "weight_targets"}), check=_hf, warm=WARM_MODEL,
+                      capabilities=frozenset({"lend", "weight_targets", "agents"}), check=_hf, warm=WARM_MODEL,
                       doc="transformers generate: batched sampling with per-token logprobs")
 GENERATE_VLLM = Backend("generate", "nodes.rollout.vllm_engine:VllmGenerate", uses_model=True, partial=True,
-                        options=VllmOptions, check=_vllm, warm=False,   # vLLM binds OpenMP to its cores: torch after
+                        options=VllmOptions, check=_vllm, warm=False, capabilities=frozenset({"agents"}),   # vLLM binds OpenMP to its cores: torch after
                         doc="a vLLM engine in the rollout actor, weights loaded in place (extra: vllm)")

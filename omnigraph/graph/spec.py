@@ -28,7 +28,7 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 
 from .. import plugins
 from .spec_base import NAME, Backend, Name, Seconds, Strict  # noqa: F401 - the schema's building blocks
-from .spec_rollout import EnvSpec, PartialSpec  # noqa: F401 - what a generate node adds to one completion
+from .spec_rollout import AgentSpec, EnvSpec, PartialSpec  # noqa: F401 - what a generate node adds to one completion
 from .spec_runtime import CheckpointSpec, RuntimeSpec  # noqa: F401 - how a run runs
 
 
@@ -198,6 +198,8 @@ class GenerateNode(NodeBase):
     decoupled PPO loss corrects for the small difference in logprobs."""
     env: EnvSpec | None = None
     """Multi-turn episodes with an environment instead of one completion per sample."""
+    agent: AgentSpec | None = None
+    """Each sample is a run of an agent program served the policy behind an OpenAI-compatible endpoint."""
     partial: PartialSpec | None = None
     """Interruptible generation: long completions continue in the next firing on new weights."""
     lent: bool = False

@@ -1,5 +1,5 @@
-"""What a ``generate`` node may add to one completion per sample: multi-turn episodes (``env:``) and partial
-rollouts (``partial:``). Part of the schema in :mod:`omnigraph.graph.spec`. (How a backend decodes is its own
+"""What a ``generate`` node may add to one completion per sample: multi-turn episodes (``env:``), agent
+programs served an OpenAI-compatible endpoint (``agent:``) and partial rollouts (``partial:``). Part of the schema in :mod:`omnigraph.graph.spec`. (How a backend decodes is its own
 option: ``nodes.<generate>.options``, validated by the backend's options model.)
 
 >>> PartialSpec.model_validate({"budget_tokens": 16, "max_spans": 3}).max_spans
@@ -8,7 +8,7 @@ option: ``nodes.<generate>.options``, validated by the backend's options model.)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -30,6 +30,54 @@ class EnvSpec(Strict):
     wave generates (1: every episode generates, then every environment answers)."""
     options: dict[str, Any] = {}
     """Keyword arguments of the environment (e.g. ``latency_s`` of a modelled slow tool)."""
+
+
+class AgentSpec(Strict):
+    """Agent programs as the rollout (:mod:`nodes.rollout.agents`): each sample is one run of the user's agent,
+    which talks to the policy through an OpenAI-compatible endpoint that the rollout serves; what the endpoint
+    sampled, token for token, is what is trained."""
+
+    entry: str | None = None
+    """``module:function``: ``async def fn(client: openai.AsyncOpenAI, task: dict, **options) -> float | dict``
+    (the reward, or a dict with ``reward`` and anything else to log); ``task`` is the data row."""
+    command: list[str] | None = None
+    """A program in any language or environment instead: it gets ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and
+    ``OMNIGRAPH_AGENT_OPTIONS`` (JSON) in its environment and the task as JSON on stdin, and prints its
+    result (a number, or JSON with ``reward``) as its last line of output."""
+    options: dict[str, Any] = {}
+    """Keyword arguments of ``entry`` (``OMNIGRAPH_AGENT_OPTIONS`` of ``command``)."""
+    concurrency: int = Field(64, ge=1, le=4_096)
+    """Agents running at once (each of a batch's samples is one agent run)."""
+    max_turns: int = Field(8, ge=1, le=1_000)
+    """Requests one agent run may make; past it the endpoint answers with an error."""
+    max_tokens: int = Field(512, ge=1, le=131_072)
+    """Token budget of an episode after its first prompt: sampled tokens and what the agent added between
+    requests (tool results, user turns) together; a request past it is answered with ``finish_reason:
+    length`` and nothing sampled."""
+    timeout_s: Seconds = Field(300.0, gt=0)
+    """Seconds one agent run may take; then it is cancelled (a command's whole process group killed) and
+    scored by ``on_timeout``."""
+    on_timeout: Literal["zero", "drop"] = "zero"
+    """An agent run that timed out or raised: ``zero`` trains what it sampled with reward 0; ``drop`` trains
+    none of it (its tokens are masked out; it still counts in its group's mean)."""
+    host: str = "127.0.0.1"
+    """Interface the endpoint binds (a free port, a random key per run); another only on purpose."""
+    max_request_bytes: int = Field(1_000_000, ge=1_024, le=1_000_000_000)
+    """Largest request body the endpoint reads."""
+    max_n: int = Field(4, ge=1, le=64)
+    """Largest ``n`` (choices per request) the endpoint samples."""
+    batch_wait_s: Seconds = Field(0.1, ge=0, le=10)
+    """How long the endpoint waits for more requests before it samples the ones it has as one batch (it
+    samples at once when every running agent is waiting for a reply)."""
+
+    @model_validator(mode="after")
+    def _one_program(self) -> "AgentSpec":
+        if (self.entry is None) == (self.command is None):
+            raise ValueError("agent needs exactly one of entry (module:function, run in the rollout's process) "
+                             "and command (a program run once per sample)")
+        if self.command is not None and not self.command:
+            raise ValueError("agent.command is empty: give the program and its arguments, e.g. [python, agent.py]")
+        return self
 
 
 class PartialSpec(Strict):

@@ -393,6 +393,9 @@ def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> Non
                                                      kind=f"environment {env.name}", call=cls,
                                                      passed=frozenset({"prompt"}))[1]:
                     errors.extend(problem)
+        if getattr(n.spec, "agent", None) is not None and "agents" not in b.capabilities:
+            errors.add(f"backend {n.backend} cannot serve agents (no 'agents' capability)",
+                       where=f"nodes.{n.name}.agent", fix="use a token generator that can (hf, vllm), or remove agent")
         if b.uses_model:
             uses_model.append(n)
         if getattr(n.spec, "partial", None) is not None:

@@ -1,0 +1,435 @@
+"""Agent programs as the rollout (``generate: {agent: ...}``): each sample is one run of the user's agent,
+talking to the policy through an OpenAI-compatible endpoint the rollout serves (:mod:`nodes.rollout.agent_server`).
+
+The agents run concurrently on an event loop of their own (``agent.concurrency`` at once). Their requests
+queue at the endpoint; the rollout's thread takes them in batches (all of them once every running agent is
+waiting, else what came within ``agent.batch_wait_s``) and samples each batch with the backend's ``sample``
+(hf, vLLM), so requests of many agents are generated together.
+
+Token-exact trajectories. Per episode the endpoint keeps the tokens of the conversation so far, exactly as
+they were sampled or appended. A new request's prompt is rendered by the model's chat template, the
+assistant messages the endpoint produced replaced by the text it sampled; when that text begins with the
+episode's tokens decoded, the prompt is those tokens plus the tokenised rest (the turns the agent added:
+tool results, user messages), so nothing sampled is ever re-tokenised. When it does not (the agent edited
+its history, or the template renders a past turn otherwise), the divergence is counted
+(``retokenize_mismatch``), the request is sampled from the prompt as rendered, and the trajectory keeps the
+tokens that were sampled, followed by the new turns: the sampler's log-probs of later turns then come from
+the agent's edited context, and the decoupled loss weights them as off-policy. An episode is one training
+sample: its first prompt, then a completion region (``agent.max_tokens`` columns) where ``response_mask`` marks
+the sampled tokens only. Every request of a batch is served by the weights of the firing, so the staleness
+proof and check cover agent episodes as any rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omnigraph.sdk import ConfigError, Prompt
+from omnigraph.sdk.registry import load_dotted
+
+from nodes.rollout.agent_chat import message_key, parse_tool_calls, plain, render
+from nodes.rollout.episodes import EventLoop
+from nodes.tasks.prompting import messages as prompt_messages
+
+
+class AgentError(Exception):
+    """A request the endpoint refuses: an OpenAI-shaped error (status, type, message, param)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param
+
+
+@dataclass
+class Call:
+    """One request, queued for the rollout's thread."""
+
+    episode: "AgentEpisode"
+    kind: str                          # "chat" or "completion"
+    body: dict[str, Any]
+    n: int
+    max_tokens: int | None
+    stop: list[str]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class AgentEpisode:
+    prompt: Prompt
+    eid: str
+    ids: list[int] | None = None       # the conversation's tokens so far (the first prompt, then the region)
+    prompt_len: int = 0
+    tokens: list[int] = field(default_factory=list)
+    model: list[float] = field(default_factory=list)
+    logprob: list[float] = field(default_factory=list)
+    sampled: dict[str, str] = field(default_factory=dict)     # message_key -> the text sampled for it
+    requests: int = 0
+    tool_calls: int = 0
+    mismatches: int = 0
+    reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    status: str = "running"            # running, done, timeout, error
+    truncated: bool = False
+    last: str = ""
+
+    def add(self, tokens: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
+        self.tokens += tokens
+        self.ids = (self.ids or []) + tokens
+        self.model += [1.0 if trained else 0.0] * len(tokens)
+        self.logprob += logprobs if logprobs is not None else [0.0] * len(tokens)
+
+    def record(self) -> dict[str, Any]:
+        return {"reward": self.reward, "turns": self.requests, "tool_calls": self.tool_calls,
+                "done": self.status == "done", "truncated": self.truncated, "status": self.status,
+                "retokenize_mismatch": self.mismatches, "info": dict(self.info)}
+
+
+class Broker:
+    """The queue between the endpoint's handlers (any thread) and the rollout's thread."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.calls: list[Call] = []
+        self.episodes: dict[str, AgentEpisode] = {}
+        self.first_at: float | None = None
+
+    def open(self, episodes: list[AgentEpisode]) -> None:
+        with self.cond:
+            self.episodes = {e.eid: e for e in episodes}
+
+    def episode(self, eid: str) -> AgentEpisode:
+        e = self.episodes.get(eid)
+        if e is None or e.status != "running":
+            raise AgentError(404, f"no running episode '{eid[:40]}' at this endpoint (its agent run ended, or the "
+                                  "base URL is not the one it was given)", "not_found_error")
+        return e
+
+    def submit(self, call: Call, limit: int) -> concurrent.futures.Future:
+        with self.cond:
+            if len(self.calls) >= limit:
+                raise AgentError(429, f"more than {limit} requests are waiting; retry later", "rate_limit_error")
+            self.calls.append(call)
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
+            self.cond.notify_all()
+        return call.future
+
+    def take(self, waiting_for: int, wait_s: float, poll_s: float = 0.01) -> list[Call]:
+        """The queued calls, once ``waiting_for`` are queued or ``wait_s`` passed since the first; [] after
+        ``poll_s`` with none queued (the caller checks whether its agents are still running)."""
+        with self.cond:
+            deadline = time.perf_counter() + poll_s
+            while not self.calls and time.perf_counter() < deadline:
+                self.cond.wait(timeout=max(0.0, deadline - time.perf_counter()))
+            if not self.calls:
+                return []
+            while len(self.calls) < waiting_for and time.perf_counter() < self.first_at + wait_s:
+                self.cond.wait(timeout=max(1e-4, self.first_at + wait_s - time.perf_counter()))
+            out, self.calls, self.first_at = self.calls, [], None
+            return out
+
+
+def _stop_at(tok, toks: list[int], stops: list[str]) -> int | None:
+    """How many of ``toks`` to keep so that the text ends just before the first stop string (None: none in it)."""
+    if not stops:
+        return None
+    text = tok.decode(toks, skip_special_tokens=True)
+    if not any(s in text for s in stops):
+        return None
+    for k in range(1, len(toks) + 1):
+        if any(s in tok.decode(toks[:k], skip_special_tokens=True) for s in stops):
+            return k - 1
+    return None
+
+
+class Agents:
+    """The agent rollout of one generate node (built once; ``run`` per batch)."""
+
+    def __init__(self, rollout):
+        from nodes.rollout.agent_server import Endpoint   # FastAPI and uvicorn only where agents run
+        self.rollout, self.tok = rollout, rollout.tok
+        self.spec = rollout.options.agent
+        self.fn = None
+        if self.spec.entry is not None:
+            try:
+                self.fn = load_dotted(self.spec.entry)
+            except LookupError as e:
+                raise ConfigError(f"cannot load the agent '{self.spec.entry}': {e}", where="agent.entry",
+                                  fix="give module:function of an async function importable in the rollout") from e
+        self.key = "sk-omnigraph-" + secrets.token_hex(16)
+        self.broker = Broker()
+        self.loop = EventLoop()
+        self.endpoint = Endpoint(self, self.spec.host)
+        self.stats: dict[str, float] = {}
+        self.errors: list[str] = []
+
+    # -- the agents' side (their event loop) --------------------------------------------------------------
+    def base_url(self, e: AgentEpisode) -> str:
+        return f"{self.endpoint.url}/e/{e.eid}/v1"
+
+    def task_of(self, p: Prompt) -> dict[str, Any]:
+        return {**p.meta, "prompt": p.text, "messages": prompt_messages(p)}
+
+    async def _program(self, e: AgentEpisode):
+        task = self.task_of(e.prompt)
+        if self.fn is not None:
+            import openai
+            client = openai.AsyncOpenAI(base_url=self.base_url(e), api_key=self.key, max_retries=0,
+                                        timeout=self.spec.timeout_s)
+            try:
+                return await self.fn(client, task, **self.spec.options)
+            finally:
+                await client.close()
+        env = {**os.environ, "OPENAI_BASE_URL": self.base_url(e), "OPENAI_API_KEY": self.key,
+               "OMNIGRAPH_AGENT_OPTIONS": json.dumps(self.spec.options)}
+        proc = await asyncio.create_subprocess_exec(*self.spec.command, stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                    env=env, start_new_session=True)
+        try:
+            out, err = await proc.communicate(json.dumps(task, default=str).encode())
+        except asyncio.CancelledError:
+            _kill_group(proc.pid)
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(f"agent command exited with {proc.returncode}: "
+                               f"{err.decode(errors='replace').strip()[-800:]}")
+        lines = [x for x in out.decode(errors="replace").splitlines() if x.strip()]
+        if not lines:
+            raise RuntimeError("agent command printed nothing (its result: a number or JSON with reward)")
+        return json.loads(lines[-1])
+
+    async def _drive(self, e: AgentEpisode, sem: asyncio.Semaphore) -> None:
+        async with sem:
+            try:
+                result = await asyncio.wait_for(self._program(e), self.spec.timeout_s)
+                reward = result.get("reward") if isinstance(result, dict) else result
+                if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+                    raise TypeError(f"the agent returned {type(reward).__name__} as its reward, not a number")
+                e.reward = float(reward)
+                if isinstance(result, dict):
+                    e.info.update({k: v for k, v in result.items() if k != "reward"})
+                e.status = "done"
+            except asyncio.TimeoutError:
+                e.status = "timeout"
+                e.info["error"] = f"timed out after agent.timeout_s = {self.spec.timeout_s:g} s"
+            except Exception as err:  # noqa: BLE001 - a user's program: keep its traceback, score it, go on
+                e.status = "error"
+                e.info["error"] = f"{type(err).__name__}: {err}"
+                self.errors.append(f"episode {e.eid} ({e.prompt.text[:60]!r}):\n{traceback.format_exc()}")
+
+    async def _all(self, eps: list[AgentEpisode]) -> None:
+        sem = asyncio.Semaphore(self.spec.concurrency)
+        await asyncio.gather(*(self._drive(e, sem) for e in eps))
+
+    # -- the rollout's side (its thread) --------------------------------------------------------------------
+    def run(self, prompts: list[Prompt], n: int, *, greedy: bool, seed: int) -> tuple[dict, list[AgentEpisode]]:
+        eps = [AgentEpisode(p, uuid.uuid4().hex) for p in prompts for _ in range(n)]
+        self.broker.open(eps)
+        self.errors = []
+        t0 = time.perf_counter()
+        done = asyncio.run_coroutine_threadsafe(self._all(eps), self.loop.loop)
+        served, batches, rows_max, gen_s = 0, 0, 0, 0.0
+        while True:
+            running = sum(e.status == "running" for e in eps)
+            calls = self.broker.take(min(running, self.spec.concurrency), self.spec.batch_wait_s)
+            if calls:
+                t1 = time.perf_counter()
+                rows = self._serve(calls, greedy, (seed + 7919 * batches) % 2**31)
+                gen_s += time.perf_counter() - t1
+                batches, served, rows_max = batches + 1, served + len(calls), max(rows_max, rows)
+            elif done.done():
+                break
+        done.result()
+        for e in eps:
+            if e.status == "running":       # cannot happen: gather returned; kept as a guard for the batch
+                e.status = "error"
+        wall = time.perf_counter() - t0
+        self.stats = {"agent_requests": served, "agent_batches": batches, "agent_max_in_flight": rows_max,
+                      "agent_requests_per_batch": served / max(batches, 1), "agent_gen_s": gen_s, "agent_s": wall,
+                      "turns_mean": sum(e.requests for e in eps) / len(eps),
+                      "tool_calls_per_episode": sum(e.tool_calls for e in eps) / len(eps),
+                      "retokenize_mismatch": sum(e.mismatches for e in eps),
+                      "agent_timeouts": sum(e.status == "timeout" for e in eps),
+                      "agent_errors": sum(e.status == "error" for e in eps),
+                      "episodes_truncated": sum(e.truncated for e in eps) / len(eps)}
+        return self._batch(eps), eps
+
+    def _prompt(self, e: AgentEpisode, call: Call) -> tuple[list[int], list[int]]:
+        """``(sample_from, append)``: the tokens to sample the reply from, and those the trajectory gains
+        before the reply (the agent's new turns; untrained)."""
+        tok, body = self.tok, call.body
+        if call.kind == "chat":
+            msgs = plain(body["messages"], e.sampled)
+            text = render(tok, msgs, body.get("tools"))
+        else:
+            text, msgs = body["prompt"], None
+        if e.ids is None:                                      # the episode's first request
+            ids = tok(text, add_special_tokens=False).input_ids
+            return ids, []
+        said = tok.decode(e.ids, skip_special_tokens=False)
+        if text.startswith(said):                              # the conversation so far, unchanged: extend it
+            new = tok(text[len(said):], add_special_tokens=False).input_ids if len(text) > len(said) else []
+            return e.ids + new, new
+        e.mismatches += 1
+        ids = tok(text, add_special_tokens=False).input_ids
+        return ids, self._new_turns(e, msgs, body.get("tools"), text)
+
+    def _new_turns(self, e: AgentEpisode, msgs, tools, text: str) -> list[int]:
+        """After a divergence: the tokens of the turns after the agent's last assistant message, as the
+        template renders them, to follow what was sampled in the trajectory."""
+        if msgs is None:
+            return []
+        last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
+        if last is None:
+            return []
+        base = render(self.tok, msgs[:last + 1], tools, generation_prompt=False)
+        said = msgs[last]["content"]
+        at = base.rfind(said) + len(said) if said and said in base else len(base)
+        closing = base[at:]
+        eos = self.tok.eos_token or ""
+        if e.tokens and eos and closing.startswith(eos) and e.tokens[-1] in self.rollout.stops:
+            closing = closing[len(eos):]
+        delta = text[len(base):] if text.startswith(base) else ""
+        return self.tok(closing + delta, add_special_tokens=False).input_ids
+
+    def _serve(self, calls: list[Call], greedy: bool, seed: int) -> int:
+        """Sample every live call's choices in one batch; answer each call's future. Returns the rows."""
+        r, spec = self.rollout, self.spec
+        rows, plan = [], []
+        for c in calls:
+            e = c.episode
+            if e.status != "running":
+                c.future.set_exception(AgentError(404, "the episode ended", "not_found_error"))
+                continue
+            try:
+                ids, new = self._prompt(e, c)
+            except Exception as err:  # noqa: BLE001 - a template that cannot render these messages
+                c.future.set_exception(AgentError(400, f"cannot render the request: {type(err).__name__}: {err}"))
+                continue
+            room = spec.max_tokens - len(e.tokens) - len(new)
+            e.requests += 1
+            if e.ids is None:
+                e.ids, e.prompt_len = list(ids), len(ids)
+            else:
+                e.add(new[:max(0, spec.max_tokens - len(e.tokens))], trained=False)
+            cap = min(c.max_tokens or r.options.max_new_tokens, r.options.max_new_tokens, room)
+            if cap <= 0:
+                e.truncated = True
+                c.future.set_result(self._answer(c, [([], [], "length")], len(ids)))
+                continue
+            plan.append((c, ids, cap, len(rows)))
+            rows += [ids] * c.n
+        if not rows:
+            return 0
+        out = r.sample(rows, 1, greedy=greedy, seed=seed, max_new_tokens=max(p[2] for p in plan))
+        comp = out["input_ids"][:, out["prompt_len"]:]
+        stops = set(r.stops)
+        for c, ids, cap, first in plan:
+            e, choices = c.episode, []
+            for j in range(c.n):
+                i = first + j
+                keep = out["response_mask"][i] > 0
+                toks = comp[i][keep].tolist()[:cap]
+                lps = out["logprob"][i][keep].tolist()[:len(toks)]
+                cut = _stop_at(self.tok, toks, c.stop)
+                reason = "stop" if toks and toks[-1] in stops else "length"
+                if cut is not None:
+                    toks, lps, reason = toks[:cut], lps[:cut], "stop"
+                choices.append((toks, lps, reason))
+            toks, lps, _ = choices[0]                          # the trajectory follows the first choice
+            e.add(toks, trained=True, logprobs=lps)
+            c.future.set_result(self._answer(c, choices, len(ids)))
+        return len(rows)
+
+    def _answer(self, c: Call, choices, prompt_tokens: int) -> dict[str, Any]:
+        """What the endpoint shapes into an OpenAI response; the sampled replies are remembered by the episode
+        (its ``sampled``) so that the agent's echo of them renders to the same tokens."""
+        e, out = c.episode, []
+        for toks, lps, reason in choices:
+            text = self.tok.decode(toks, skip_special_tokens=True)
+            item = {"text": text, "tokens": toks, "logprobs": lps, "finish_reason": reason}
+            if c.kind == "chat":
+                content, calls = ([text, []] if c.body.get("tool_choice") == "none"
+                                  else parse_tool_calls(text, start=e.tool_calls))
+                item.update(content=content, tool_calls=calls)
+                e.sampled[message_key({"content": content, "tool_calls": calls})] = text
+                if calls and reason == "stop":
+                    item["finish_reason"] = "tool_calls"
+            out.append(item)
+        first = out[0]
+        e.tool_calls += len(first.get("tool_calls") or [])
+        e.last = first["text"]
+        return {"choices": out, "prompt_tokens": prompt_tokens, "version": self.rollout.version}
+
+    def _batch(self, eps: list[AgentEpisode]) -> dict:
+        """The episodes as one sample dict (the fields of ``Rollout.sample``)."""
+        pad, C = self.tok.pad_token_id, self.spec.max_tokens
+        P = max(max(e.prompt_len for e in eps), 1)
+        B = len(eps)
+        ids = torch.full((B, P + C), pad, dtype=torch.long)
+        mask = torch.zeros((B, P + C), dtype=torch.long)
+        trained, lp = torch.zeros((B, C)), torch.zeros((B, C))
+        for i, e in enumerate(eps):
+            prompt = (e.ids or [pad])[:max(e.prompt_len, 1)]
+            ids[i, P - len(prompt):P] = torch.tensor(prompt)
+            mask[i, P - len(prompt):P] = 1
+            t = min(len(e.tokens), C)
+            if t:
+                ids[i, P:P + t] = torch.tensor(e.tokens[:t])
+                mask[i, P:P + t] = 1
+                if not (e.status in ("timeout", "error") and self.spec.on_timeout == "drop"):
+                    trained[i, :t] = torch.tensor(e.model[:t])
+                lp[i, :t] = torch.tensor(e.logprob[:t])
+        return {"input_ids": ids, "attention_mask": mask, "response_mask": trained, "logprob": lp,
+                "completion": [e.last for e in eps], "prompt_len": P}
+
+    def report(self) -> None:
+        """One line per failed agent run on stderr; the tracebacks in the run directory's ``agent_errors.log``
+        (``OMNIGRAPH_RUN_DIR``), or on stderr where there is none."""
+        if not self.errors:
+            return
+        run_dir = os.environ.get("OMNIGRAPH_RUN_DIR")
+        path = os.path.join(run_dir, "agent_errors.log") if run_dir and os.path.isdir(run_dir) else None
+        for err in self.errors:
+            last = err.strip().splitlines()[-1]
+            print(f"{self.rollout.ctx.name}: an agent failed ({last[:200]}); scored by agent.on_timeout = "
+                  f"{self.spec.on_timeout}" + (f" (traceback: {path})" if path else ""), file=sys.stderr)
+        print_errors(self.errors, path)
+        self.errors = []
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL a command agent's whole process group (it was started in a session of its own)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def print_errors(errors: list[str], path: str | None) -> None:
+    """Keep the agents' tracebacks (``path``: appended there; else on stderr)."""
+    if not errors:
+        return
+    text = "".join(f"--- agent error, {time.strftime('%Y-%m-%d %H:%M:%S')}\n{e}\n" for e in errors)
+    if path:
+        with open(path, "a") as f:
+            f.write(text)
+    else:
+        sys.stderr.write(text)

@@ -1,0 +1,148 @@
+"""Agent programs as the rollout: the real ``openai`` client against the endpoint the rollout serves (chat,
+completions, streaming, tools, n, logprobs, refusals), token-exact trajectories, concurrency, command
+agents, agents that hang or raise, and the check's refusals."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import omnigraph as og
+from omnigraph.errors import GraphError
+from omnigraph.sdk import Weights
+from omnigraph.testing import build_node, prompts
+
+from conftest import GRAPHS
+
+HERE = Path(__file__).resolve().parent
+# the tiny model's tokenizer has no chat template: one in its own alphabet, turns ended by its <eos>
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+@pytest.fixture(autouse=True)
+def _programs_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+def generator(agent: str, *extra: str):
+    spec = og.load(GRAPHS / "grpo_one_step_off.yaml", [f"nodes.generate.agent={agent}", "task.prompts=4", *extra])
+    gen, ctx = build_node(spec, "generate")
+    gen.tok.chat_template = TEMPLATE
+    return spec, gen, ctx
+
+
+def run(spec, gen, step: int = 0):
+    torch.manual_seed(0)
+    batch = gen.generate(step, prompts(spec, step), Weights(version=0))
+    return batch, gen.agents
+
+
+def test_a_two_turn_chat_agent_trains_exactly_the_tokens_it_sampled():
+    spec, gen, ctx = generator("{entry: 'agent_programs:copy_twice', max_tokens: 48, batch_wait_s: 2}")
+    batch, agents = run(spec, gen)
+    n = spec.task.prompts * spec.task.samples_per_prompt
+    assert len(batch) == n
+    assert agents.stats["agent_requests"] == 2 * n and agents.stats["retokenize_mismatch"] == 0
+    assert agents.stats["agent_max_in_flight"] == n            # every agent's turn sampled in one batch
+    f, P = batch.fields, batch.meta["prompt_len"]
+    for i, ep in enumerate(batch.fields["meta"]):
+        e = ep["episode"]
+        assert e["turns"] == 2 and e["status"] == "done" and e["retokenize_mismatch"] == 0
+    # the region holds: reply 1 (trained), the next turn's tokens (not trained), reply 2 (trained)
+    mask, ids = f["response_mask"], f["input_ids"][:, P:]
+    for i in range(n):
+        row = mask[i].tolist()
+        runs = [k for k in range(1, len(row)) if row[k] != row[k - 1]]
+        assert len(runs) >= 2, row                          # trained, then not, then trained again
+        text = gen.tok.decode(ids[i][f["attention_mask"][i, P:] > 0].tolist(), skip_special_tokens=False)
+        assert "user: copy 42:" in text, text
+    # token-exact: the trainer's log-probs of the recorded ids are the sampler's
+    pol = build_node(spec, "old_logprob", shared={})[0].policy
+    with torch.no_grad():
+        lp = pol.logprobs(pol.model, batch, slice(0, n), batch.meta.get("temperature", 1.0))
+    gap = ((lp - f["logprob"]).abs() * mask).sum() / mask.sum()
+    assert float(gap) < 1e-3, float(gap)
+
+
+def test_an_agent_that_edits_its_history_is_counted_and_still_trains_what_was_sampled():
+    spec, gen, _ = generator("{entry: 'agent_programs:edits_history', max_tokens: 48}")
+    batch, agents = run(spec, gen)
+    n = len(batch)
+    assert agents.stats["retokenize_mismatch"] == n           # every episode's second request diverged
+    f = batch.fields
+    assert all(e["episode"]["retokenize_mismatch"] == 1 for e in f["meta"])
+    trained = int(f["response_mask"].sum())
+    assert trained > 0 and agents.stats["agent_requests"] == 2 * n
+
+
+def test_the_endpoint_serves_what_clients_send_and_refuses_the_rest_in_openais_shape():
+    spec, gen, _ = generator("{entry: 'agent_programs:probes', max_tokens: 64, max_n: 2}", "task.prompts=1",
+                             "task.samples_per_prompt=1")
+    batch, agents = run(spec, gen)
+    (e,) = [m["episode"] for m in batch.fields["meta"]]
+    assert e["status"] == "done", e
+    seen = e["info"]
+    assert seen["models"] == ["policy"] or seen["models"]
+    assert seen["stream_usage"] and isinstance(seen["stream_text"], str)
+    assert seen["n"] == 2 and len(seen["logprobs"]) >= 1 and all(lp <= 0 for lp in seen["logprobs"])
+    assert seen["bad_n"][0] == 400 and seen["bad_messages"][0] == 400 and seen["bad_max"][0] == 400
+    assert seen["top_logprobs"][0] == 400
+    assert seen["huge"][0] == 413 and seen["wrong_key"][0] == 401
+
+
+def test_the_completions_endpoint_needs_no_chat_template():
+    spec, gen, _ = generator("{entry: 'agent_programs:completes', max_tokens: 16}")
+    gen.tok.chat_template = None
+    batch, agents = run(spec, gen)
+    assert agents.stats["agent_requests"] == len(batch) and batch.fields["response_mask"].sum() > 0
+
+
+def test_a_command_agent_runs_in_its_own_process_with_the_endpoint_in_its_environment():
+    spec, gen, _ = generator(f"{{command: ['{sys.executable}', '{HERE / 'agent_command.py'}'], max_tokens: 16}}",
+                             "task.prompts=2", "task.samples_per_prompt=2")
+    batch, agents = run(spec, gen)
+    eps = [m["episode"] for m in batch.fields["meta"]]
+    assert all(e["status"] == "done" and e["info"].get("pid_seen") for e in eps), eps
+    assert agents.stats["agent_requests"] == 4
+
+
+@pytest.mark.parametrize("program, status", [("hangs", "timeout"), ("raises", "error")])
+def test_an_agent_that_hangs_or_raises_is_scored_and_the_rollout_goes_on(program, status, capsys):
+    spec, gen, _ = generator(f"{{entry: 'agent_programs:{program}', timeout_s: 3, max_tokens: 16}}",
+                             "task.prompts=2", "task.samples_per_prompt=2")
+    t0 = time.perf_counter()
+    batch, agents = run(spec, gen)
+    assert time.perf_counter() - t0 < 30
+    eps = [m["episode"] for m in batch.fields["meta"]]
+    assert [e["status"] for e in eps] == [status] * 4 and all(e["reward"] == 0.0 for e in eps)
+    assert agents.stats[f"agent_{'timeouts' if status == 'timeout' else 'errors'}"] == 4
+    if status == "error":
+        err = capsys.readouterr().err
+        assert "the agent's own bug" in err and "agent_programs.py" in err      # the traceback, to its line
+    batch2, _ = run(spec, gen, step=1)                          # the endpoint still serves
+    assert len(batch2) == 4
+
+
+def test_drop_masks_a_failed_agents_tokens():
+    spec, gen, _ = generator("{entry: 'agent_programs:raises', on_timeout: drop, max_tokens: 16}",
+                             "task.prompts=1", "task.samples_per_prompt=2")
+    batch, _ = run(spec, gen)
+    assert float(batch.fields["response_mask"].sum()) == 0
+
+
+@pytest.mark.parametrize("override, where, says", [
+    ("nodes.generate.agent={entry: 'agent_programs:copy_twice'}", "nodes.generate.agent",
+     "an agent drives its own turns"),
+    ("nodes.generate.agent={entry: 'no_such_module:fn'}", "nodes.generate.agent.entry", "cannot load the agent"),
+    ("nodes.generate.agent={entry: 'a:b', command: [x]}", "nodes.generate.agent", "exactly one of entry"),
+])
+def test_check_refuses_an_agent_it_cannot_run(override, where, says):
+    graph = "smollm2_calculator.yaml" if "copy_twice" in override else "grpo_one_step_off.yaml"
+    with pytest.raises(GraphError) as e:
+        og.compile(GRAPHS / graph, overrides=[override])
+    assert e.value.where.startswith(where) and says in str(e.value), str(e.value)
