@@ -26,6 +26,7 @@ from pydantic import Field
 
 from omnigraph.sdk import Backend, ConfigError, NodeContext, Options, Prompt, SampleBatch, Weights
 
+from nodes.nonfinite import Streak, count, warn
 from nodes.rollout.partial import Carry
 
 
@@ -151,17 +152,32 @@ class Logprob(SyntheticNode):
 
 
 class Update(SyntheticNode):
+    """A stand-in update with the real one's guard (:mod:`nodes.nonfinite`): a batch with a NaN or inf
+    advantage is not trained on (the version stays), counted and logged."""
+
+    def __init__(self, ctx: NodeContext):
+        super().__init__(ctx)
+        self.nonfinite = Streak()
+
     def train(self, step: int, batch: SampleBatch) -> None:
         self.spend()
-        adv = batch.fields.get("advantage", [0.0] * len(batch))
-        self.ctx.log(loss=-sum(adv) / max(len(adv), 1))
+        adv = list(batch.fields.get("advantage", [0.0] * len(batch)))
+        if self.ctx.fault("advantage") and adv:
+            adv[0] = float("nan")
+        bad = count(adv)
+        if bad:
+            warn(self.ctx.name, f"step {step}", {"advantage": bad}, "the update is skipped")
+            self.ctx.log(**self.nonfinite.record(True))
+            return
+        self.ctx.log(loss=-sum(adv) / max(len(adv), 1), **self.nonfinite.record(False))
         self.ctx.shared["synthetic_version"] = self.ctx.shared.get("synthetic_version", 0) + 1
 
     def state_dict(self) -> dict:
-        return {"version": self.ctx.shared.get("synthetic_version", 0)}
+        return {"version": self.ctx.shared.get("synthetic_version", 0), "nonfinite": self.nonfinite.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.ctx.shared["synthetic_version"] = state["version"]
+        self.nonfinite.load_state_dict(state.get("nonfinite"))
 
 
 class Sync(SyntheticNode):

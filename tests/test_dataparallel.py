@@ -35,21 +35,31 @@ upd, ctx = build_node(spec, "update", actor=f"trainer.{rank}")
 if world > 1:
     ctx.collectives = collectives.PoolCollectives(groups.join("dp-trainer", "127.0.0.1", port, rank, world, 120.0,
                                                               backend="gloo"))
+nan_at = int(sys.argv[6]) if len(sys.argv) > 6 else None     # a NaN advantage in the last rank's shard then
 for step in (1, 2):                          # two batches, two optimizer steps each (mini-batches of 64 of 128)
-    upd.train(step, batch.shard(rank, world))
+    shard = batch.shard(rank, world)
+    if step == nan_at:
+        if rank == world - 1:
+            shard = shard.with_fields(advantage=[float("nan")] + list(shard.fields["advantage"][1:]))
+        before = {k: v.detach().clone() for k, v in upd.policy.model.state_dict().items()}
+    upd.train(step, shard)
+    if step == nan_at:                       # every rank skipped the update, not only the one that saw the NaN
+        assert all(torch.equal(before[k], v) for k, v in upd.policy.model.state_dict().items()), "trained"
+        assert upd.nonfinite.in_a_row == 1, upd.nonfinite
 torch.save({k: v.detach().clone() for k, v in upd.policy.model.state_dict().items()}, out)
 __import__("os")._exit(0)      # no destructors: a gloo group torn down at interpreter exit aborts now and then
 """
 
 
-def train(world: int, tmp_path) -> list[dict]:
+def train(world: int, tmp_path, *extra: str) -> list[dict]:
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     outs = [tmp_path / f"w{world}-{r}.pt" for r in range(world)]
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(world), str(store.port), str(outs[r]),
-                               str(GRAPH)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(GRAPH), *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
              for r in range(world)]
     res = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(err[-3000:] for _, err in res)
@@ -65,6 +75,13 @@ def test_two_ranks_take_the_single_actor_step_on_the_whole_batch(tmp_path):
     # the same steps as one actor, up to the order of float additions (AdamW magnifies it on near-zero
     # gradients: measured 4e-5 after 4 steps of lr 1e-3, against 4e-3 of training; other mini-batches: 8e-3)
     assert changed > 1e-3 and moved < 1e-4, (moved, changed)
+
+
+def test_a_nan_on_one_rank_skips_the_update_on_every_rank(tmp_path):
+    """Rank 1's shard has a NaN advantage at step 2: rank 0, which sees none, skips that update too (the ranks
+    sum a flag), so neither trains on it nor waits in a collective the other never joins; both stay identical."""
+    r0, r1 = train(2, tmp_path, "2")
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
 
 
 def _initial() -> dict:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import omnigraph as og
-from omnigraph.errors import NodeFailure, StalenessError
+from omnigraph.errors import GraphError, NodeFailure, StalenessError
 from omnigraph.executors import make_executor
 from omnigraph.runtime import run
 from omnigraph.testing import canonical_spec
@@ -105,13 +105,17 @@ class TestFailures:
         with pytest.raises(NodeFailure, match=r"node update failed at iteration 2: ValueError: bad batch"):
             records(plan, "update")
 
-    def test_reward_returning_nan_is_a_node_failure(self, tmp_path, monkeypatch):
+    def test_a_reward_returning_nan_is_never_trained_on_and_stops_the_run_after_three_steps(self, tmp_path,
+                                                                                            monkeypatch):
         (tmp_path / "nanreward.py").write_text("def r(prompt, completion, **meta):\n    return float('nan')\n")
         monkeypatch.syspath_prepend(str(tmp_path))
-        plan = og.compile(canonical_spec("sync", iterations=2), overrides=["nodes.reward.backend=python",
+        plan = og.compile(canonical_spec("sync", iterations=5), overrides=["nodes.reward.backend=python",
                                                                             "nodes.reward.fn=nanreward:r"])
-        with pytest.raises(NodeFailure, match=r"node reward failed at iteration 0: .*returned nan"):
-            records(plan, "reward")
+        assert {r["nonfinite_rewards"] for r in records(plan, "reward")} == {16 * 8}
+        updates = records(plan, "update")
+        assert [r["nonfinite_in_a_row"] for r in updates] == [1, 2, 3, 4, 5] and not any("loss" in r for r in updates)
+        with pytest.raises(GraphError, match=r"runtime.max_nonfinite_steps: 3 steps in a row up to step 2"):
+            run(plan, run_dir=tmp_path / "runs", progress=False)
 
 
 class TestLedger:

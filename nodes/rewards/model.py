@@ -16,7 +16,8 @@ so Hugging Face's last-token pooling reads the last real token of every row.
 
 The reward is the model's score; the advantages are the same GRPO advantages as
 the function reward's (:func:`nodes.rewards.scorer.grpo_advantages`). It logs
-``reward_mean``, ``reward_std`` and ``rm_s`` (seconds in the model), and, with
+``reward_mean``, ``reward_std``, ``nonfinite_rewards`` (a NaN or inf score: the update skips the step,
+:func:`nodes.rewards.scorer.checked`) and ``rm_s`` (seconds in the model), and, with
 ``gold: <reward fn>``, ``gold_reward_mean``: a true reward computed beside the
 proxy and never trained on, so a run shows whether the policy learns the task
 or the reward model's mistakes. Eval batches are scored too (``eval_reward``
@@ -28,7 +29,6 @@ update joins the two branches (``graphs/grpo_reward_model.yaml``).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +36,7 @@ from pathlib import Path
 from omnigraph.sdk import ConfigError, NodeContext, SampleBatch, load
 from omnigraph.sdk.registry import table
 
-from nodes.rewards.scorer import grpo_advantages, sample_meta
+from nodes.rewards.scorer import checked, grpo_advantages, sample_meta
 
 
 def model_dir(name: str, seed: int, log=print) -> Path:
@@ -79,9 +79,6 @@ class RewardModel:
             for i in range(0, len(texts), mb):
                 enc = self.tok(texts[i:i + mb], return_tensors="pt", padding=True).to(self.ctx.device)
                 out += self.model(**enc).logits[:, 0].float().tolist()
-        bad = [(t, r) for t, r in zip(texts, out) if not math.isfinite(r)]
-        if bad:
-            raise ValueError(f"reward model {self.options.model} scored {bad[0][1]} for {bad[0][0]!r}")
         return out
 
     def _gold(self, prompts, completions, metas) -> list[float]:
@@ -92,10 +89,9 @@ class RewardModel:
         t0 = time.perf_counter()
         rewards = self.rewards(f["prompt"], f["completion"])
         logs = {"rm_s": time.perf_counter() - t0}
+        rewards, checks = checked(self.ctx, step, rewards)      # a NaN score: the update skips the step
+        logs.update(checks)
         adv = grpo_advantages(rewards, rollout.group_ids, self.options.normalize_std)
-        mean = sum(rewards) / max(len(rewards), 1)
-        logs.update(reward_mean=mean, scored=len(rewards),
-                    reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)))
         if self.gold is not None:
             gold = self._gold(f["prompt"], f["completion"], [sample_meta(f, i) for i in range(len(rollout))])
             logs["gold_reward_mean"] = sum(gold) / max(len(gold), 1)

@@ -9,6 +9,10 @@ Backend ``synthetic`` scores an exact match without a function.
 Advantages: each sample's reward minus its prompt group's mean, divided by
 the group's standard deviation when ``normalize_std`` is on (plus 1e-6).
 
+A NaN or inf reward is warned about, counted (``nonfinite_rewards``) and left in place: its group's
+advantages come out non-finite, so the update skips the step (:mod:`nodes.nonfinite`); ``reward_mean`` and
+``reward_std`` are of the finite rewards. ``OMNIGRAPH_INJECT="reward@5/rewards:corrupt"`` makes one NaN.
+
 >>> grpo_advantages([1.0, 0.0, 0.5, 0.5], [7, 7, 8, 8], normalize_std=False)
 [0.5, -0.5, 0.0, 0.0]
 """
@@ -20,6 +24,7 @@ from collections import defaultdict
 
 from omnigraph.sdk import NodeContext, SampleBatch, load
 
+from nodes.nonfinite import count, warn
 from nodes.synthetic import spend
 
 
@@ -29,6 +34,22 @@ def sample_meta(fields: dict, i: int) -> dict:
     if "meta" in fields:
         return {"target": fields["target"][i], **fields["meta"][i]} if "target" in fields else dict(fields["meta"][i])
     return {"target": fields["target"][i]} if "target" in fields else {}
+
+
+def checked(ctx: NodeContext, step: int, rewards: list[float]) -> tuple[list[float], dict[str, float]]:
+    """The rewards after the ``rewards`` fault point (a test's ``corrupt``: the first one NaN), and their
+    metrics: ``nonfinite_rewards`` (warned about when any), ``reward_mean``, ``reward_std`` and ``scored``
+    of the finite ones."""
+    if ctx.fault("rewards") and rewards:
+        rewards = [float("nan")] + rewards[1:]
+    bad = count(rewards)
+    if bad:
+        warn(ctx.name, f"step {step}", {"reward": bad}, "their groups' advantages are not finite: the update "
+             "skips the step")
+    ok = [r for r in rewards if math.isfinite(r)]
+    mean = sum(ok) / max(len(ok), 1)
+    return rewards, {"reward_mean": mean, "scored": len(rewards), "nonfinite_rewards": bad,
+                     "reward_std": math.sqrt(sum((r - mean) ** 2 for r in ok) / max(len(ok), 1))}
 
 
 def grpo_advantages(rewards: list[float], groups: list[int], normalize_std: bool = True) -> list[float]:
@@ -57,8 +78,6 @@ class Reward:
         r = float(self.fn(prompt, completion, **meta))
         if self.options.env_weight and "episode" in meta:
             r += self.options.env_weight * float(meta["episode"]["reward"])
-        if not math.isfinite(r):
-            raise ValueError(f"reward function {self.options.fn} returned {r} for completion {completion!r}")
         return r
 
     def score(self, step: int, rollout: SampleBatch) -> SampleBatch:
@@ -69,13 +88,12 @@ class Reward:
         else:
             metas = [sample_meta(f, i) for i in range(len(rollout))]
             rewards = [self._score(p, c, m) for p, c, m in zip(f["prompt"], f["completion"], metas)]
+        rewards, logs = checked(self.ctx, step, rewards)
         adv = grpo_advantages(rewards, rollout.group_ids, self.options.normalize_std)
         ev = rollout.meta.pop("eval", None)
         if ev is not None and self.fn is not None:
             scores = [self._score(p, c, sample_meta(ev, i)) for i, (p, c) in enumerate(zip(ev["prompt"], ev["completion"]))]
             self.ctx.log(eval_reward=sum(scores) / max(len(scores), 1), eval_version=ev["version"],
                          eval_accuracy=sum(s >= 1.0 for s in scores) / max(len(scores), 1))
-        mean = sum(rewards) / max(len(rewards), 1)
-        self.ctx.log(reward_mean=mean, scored=len(rewards),
-                     reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)))
+        self.ctx.log(**logs)
         return rollout.with_fields(reward=rewards, advantage=adv)

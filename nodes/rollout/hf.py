@@ -112,6 +112,10 @@ class Generate(Rollout):
     # -- weights -------------------------------------------------------------
     def load_weights(self, weights: Weights) -> None:
         if weights.loaded:                                  # written into the model by the transport on arrival
+            if not self.finite_weights(weights, self.weight_targets(weights.payload)):
+                raise ValueError(f"weights version {weights.version} arrived with non-finite values, written by "
+                                 f"the transport ({weights.path}) into the model's own tensors: the weights it "
+                                 "held are gone (runtime.max_restarts restarts from the last checkpoint)")
             self.version = weights.version
             if weights.arrive_s:
                 self.ctx.log(load_weights_s=weights.arrive_s)      # the copy, done then (cuda-ipc)
@@ -119,6 +123,8 @@ class Generate(Rollout):
         if weights.tensors is None:
             raise ValueError(f"weights of version {weights.version} arrived without tensors: the hf backend "
                              "needs a trainer that exports weights (sync backend torch)")
+        if not self.finite_weights(weights):               # a NaN or inf: keep the weights held
+            return
         t0 = time.perf_counter()
         if weights.payload == "lora":
             from peft import set_peft_model_state_dict

@@ -222,6 +222,8 @@ class VllmGenerate(Rollout):
         if weights.tensors is None:
             raise ValueError(f"weights of version {weights.version} arrived without tensors: the vllm backend "
                              "needs a trainer that exports weights (sync backend torch)")
+        if not self.finite_weights(weights):               # a NaN or inf: the engine keeps the weights it holds
+            return
         t0 = time.perf_counter()
         if weights.payload == "lora" and self.merged:
             self._load_full(self._merge(weights.tensors))
@@ -301,8 +303,8 @@ class VllmGenerate(Rollout):
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def state_dict(self) -> dict:
-        """The unfinished samples of partial rollouts (the engine's weights come back from the graph on
-        resume: the engine reloads the weights of its next firing)."""
+        """The unfinished samples of partial rollouts and the weights guard's counts (the engine's weights
+        come back from the graph on resume: the engine reloads the weights of its next firing)."""
         return self.carry_state()
 
     def load_state_dict(self, state: dict) -> None:

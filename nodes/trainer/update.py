@@ -9,10 +9,17 @@ mini-batches, each loss divided by the whole mini-batch's tokens, gradients
 summed over the ranks before clipping. On a sharded pool (``sharding: fsdp``,
 :mod:`nodes.trainer.sharded`) FSDP2 reduce-scatters the same sums into each rank's
 shard, and the ranks run their micro-batches in lockstep.
+
+A NaN or inf is never trained on (:mod:`nodes.nonfinite`): the batch's advantages and log-probs are checked
+before the step, the gradients after each backward pass (their total norm, which any NaN or inf makes
+non-finite); either way the rest of the step's update is skipped (a mini-batch's optimizer step already
+taken before a bad one stands), all ranks alike (the flag is summed over them), and counted in the
+trainer's state (``nonfinite_skipped``, ``nonfinite_in_a_row``).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -20,6 +27,7 @@ import torch
 from omnigraph.sdk import NodeContext, SampleBatch
 
 from nodes import models
+from nodes.nonfinite import Streak, count_tensor, poison, warn
 from nodes.trainer.losses import masked_mean, policy_loss
 from nodes.trainer.policy import Policy, micro
 from nodes.trainer.sharded import gather, idle_pass, load_local, local_state, lockstep, state_bytes
@@ -37,6 +45,7 @@ class Update:
         self.ctx, self.options = ctx, ctx.options
         self.policy = Policy.of(ctx)
         self.kl_coef = ctx.policy.kl_coef
+        self.nonfinite = Streak()
 
     def train(self, step: int, batch: SampleBatch) -> None:
         s, pol = self.options, self.policy
@@ -56,6 +65,10 @@ class Update:
         fused = batch.meta.get("old_logprob") == "fused"
         old = f.get("old_logprob", behav)
         ref = f.get("ref_logprob")
+        adv, behav, old = self._corrupt(adv, behav, old, fused)
+        inputs = {"advantage": adv, "logprob": behav, "old_logprob": None if fused else old, "ref_logprob": ref}
+        if self._skip(step, {k: count_tensor(t) for k, t in inputs.items() if t is not None}):
+            return
         mask = f["response_mask"]
         mb = (s.mini_batch_size // self.ctx.world) if s.mini_batch_size else n
         if dp is None:
@@ -96,12 +109,20 @@ class Update:
                 stats.setdefault("behav_vs_old_logprob_maxdiff_max", []).append(float(out.gap_max))
                 stats.setdefault("loss", []).append(float(out.loss.detach()))
                 stats.setdefault("entropy", []).append(float(masked_mean(ent, mask[rows])) * w)
-            self.ctx.fault("after_backward")
+            if self.ctx.fault("after_backward"):        # a test's NaN in a gradient
+                _poison_grad(params)
             if dp is not None and not sharded:   # sharded: FSDP2 reduce-scattered them in the backward
                 dp.sum_grads(params)
-            gn = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
+            grads = [p.grad for p in params if p.grad is not None]
+            gn = torch.nn.utils.get_total_norm(grads)       # any NaN or inf makes it non-finite: no extra pass
+            bad = 0 if math.isfinite(float(gn)) else sum(map(count_tensor, grads)) or 1    # 1: the norm overflowed
+            if self._skip(step, {"gradients": bad}):
+                pol.opt.zero_grad(set_to_none=True)
+                return
+            torch.nn.utils.clip_grads_with_norm_(params, s.max_grad_norm, gn)
             stats.setdefault("grad_norm", []).append(float(gn))
             pol.opt.step()
+        self.ctx.log(**self.nonfinite.record(False))
         minis = max(1, len(minis))
         if pol.device.type == "cuda":
             stats["gpu_mem_gb"] = [torch.cuda.max_memory_allocated(pol.device) / 1e9]
@@ -110,14 +131,41 @@ class Update:
                             sum(v) / (minis if k in PER_MINI_BATCH else 1) if k != "trainer_state_mb" else v[0])
                         for k, v in stats.items()})
 
+    # -- the guard against non-finite values (nodes.nonfinite) -------------------------------------------
+    def _corrupt(self, adv, behav, old, fused: bool):
+        """The fault points of a test's ``corrupt``: one advantage, sampler log-prob or old log-prob made NaN
+        (``old_logprob`` only where it is a field of its own: not fused into this update)."""
+        if self.ctx.fault("advantage"):
+            adv = poison(adv)
+        if self.ctx.fault("logprob"):
+            behav = poison(behav)
+        if not fused and self.ctx.fault("old_logprob"):
+            old = poison(old)
+        return adv, behav, old
+
+    def _skip(self, step: int, found: dict[str, int]) -> bool:
+        """Whether this step's update stops here: non-finite values on this rank (``found``: tensor ->
+        count) or on any other (a flag summed over the ranks: every rank takes the same branch). A skip is
+        warned about, counted and logged."""
+        found = {k: n for k, n in found.items() if n}
+        dp = self.ctx.collectives
+        anywhere = dp.all_sum(float(bool(found))) if dp is not None else float(bool(found))
+        if not anywhere:
+            return False
+        warn(self.ctx.name, f"step {step}", found, "the update is skipped")
+        self.ctx.log(**self.nonfinite.record(True))
+        return True
+
     def state_dict(self) -> dict:
         self.policy.prepare(self.ctx.collectives)
         if self.policy.sharded:          # this rank's shards only
-            return local_state(self.policy.model, self.policy.opt)
-        return {"model": self.policy.model.state_dict(), "opt": self.policy.opt.state_dict()}
+            return {**local_state(self.policy.model, self.policy.opt), "nonfinite": self.nonfinite.state_dict()}
+        return {"model": self.policy.model.state_dict(), "opt": self.policy.opt.state_dict(),
+                "nonfinite": self.nonfinite.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.prepare(self.ctx.collectives)
+        self.nonfinite.load_state_dict(state.get("nonfinite"))
         if self.policy.sharded:
             load_local(self.policy.model, self.policy.opt, state)
             return
@@ -153,3 +201,14 @@ class Update:
             model = models.with_lora(model, pol.lora)
         model.load_state_dict(full)
         return model
+
+
+@torch.no_grad()
+def _poison_grad(params) -> None:
+    """A test's ``corrupt`` after the backward pass: the first value of the first gradient this rank holds
+    becomes NaN."""
+    for p in params:
+        g = p.grad.to_local() if p.grad is not None and hasattr(p.grad, "to_local") else p.grad
+        if g is not None and g.numel():
+            g.view(-1)[0] = float("nan")
+            return

@@ -29,6 +29,12 @@ class RuntimeSpec(Strict):
     GPUs), e.g. for a lost node's replacement to join before a restart resumes."""
     step_timeout_s: float = Field(300.0, gt=0, le=86_400)
     """A step that takes longer stops the run, naming the node still running."""
+    max_nonfinite_steps: int = Field(3, ge=1, le=1_000_000)
+    """A NaN or inf in a step's rewards, log-probs, advantages or gradients, or in the weights a rollout
+    receives, is never trained on or loaded: that step's update (or load) is skipped, with one line naming
+    the node, the step and the tensor, and counted in the metrics (``nonfinite_skipped``, ``nonfinite_in_a_row``;
+    the rollout's ``nonfinite_weights_*``). After this many such steps in a row the run stops with an error
+    (exit code 1): something upstream keeps making them."""
     channel_mb: float | None = Field(None, gt=0, le=65_536)
     """Size of each compiled-graph channel buffer (default: estimated from the batch)."""
     loggers: list[Annotated[str, Field(max_length=64)]] = []

@@ -18,7 +18,8 @@ by the compiler:
   work, drawn in the run's timeline;
 - ``fault(point)``: a named point inside the node's work where tests inject
   faults (``OMNIGRAPH_INJECT="update@5/after_backward:raise"``); a no-op
-  otherwise.
+  otherwise. True where the planned action is ``corrupt``: the node's own code
+  then damages what it works on there (``update@5/advantage:corrupt``).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class NodeContext:
     sharding: str = "none"
     metrics: dict[str, float] = field(default_factory=dict)
     spans: list[tuple[str, float, float]] = field(default_factory=list)
-    faults: Callable[[str], None] | None = field(default=None, repr=False)
+    faults: Callable[[str], bool | None] | None = field(default=None, repr=False)
     backend_options: Any = None
     """The backend's own options (the node's ``options:``), validated against the model its descriptor declares
     (:mod:`omnigraph.sdk.options`); None where it declares none."""
@@ -128,7 +129,8 @@ class NodeContext:
         ``timeline.png`` (a multi-turn episode's turns and environment waits, for example)."""
         self.spans.append((label, t_start, t_end))
 
-    def fault(self, point: str) -> None:
-        """Mark a point inside the work (``after_backward``, ``token``, ...) where a test may inject a fault."""
-        if self.faults is not None:
-            self.faults(point)
+    def fault(self, point: str) -> bool:
+        """Mark a point inside the work (``after_backward``, ``token``, ...) where a test may inject a fault.
+        True when the fault planned there is ``corrupt``: the caller damages what it works on (a test of the
+        checks that must notice it); False otherwise."""
+        return bool(self.faults(point)) if self.faults is not None else False
