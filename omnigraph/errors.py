@@ -12,6 +12,7 @@ schedule.sync_every: must be >= 1 (fix: set it to 1 or more)
 from __future__ import annotations
 
 import re
+import traceback as _traceback
 
 
 class GraphError(ValueError):
@@ -66,23 +67,49 @@ class StalenessError(RuntimeError):
 
 
 class NodeFailure(RuntimeError):
-    """A node raised while the graph ran: names the node and the iteration."""
+    """A node raised while the graph ran: names the node and the iteration.
 
-    def __init__(self, node: str, iteration: int, error: BaseException | str):
+    ``traceback`` keeps where it raised (file and line in the user's code, formatted), for the run
+    directory's ``errors.log``: taken from the exception given, or passed along where the failure crossed a
+    process boundary as a string (:meth:`wire` and :meth:`from_message`). The message stays one line.
+
+    >>> try:
+    ...     {}["x"]
+    ... except KeyError as e:
+    ...     failure = NodeFailure("reward", 2, e)
+    >>> str(failure), "line 2" in failure.traceback
+    ("node reward failed at iteration 2: KeyError: 'x'", True)
+    >>> again = NodeFailure.from_message(failure.wire())
+    >>> (str(again), again.traceback == failure.traceback)
+    ("node reward failed at iteration 2: KeyError: 'x'", True)
+    """
+
+    TRACEBACK = "\n--- traceback ---\n"
+    """Between the message and the traceback in :meth:`wire`."""
+
+    def __init__(self, node: str, iteration: int, error: BaseException | str, traceback: str | None = None):
         self.node = node
         self.iteration = iteration
         self.error = error
         detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         self.detail = detail
+        if traceback is None and isinstance(error, BaseException) and error.__traceback__ is not None:
+            traceback = "".join(_traceback.format_exception(error))
+        self.traceback = traceback
         super().__init__(f"node {node} failed at iteration {iteration}: {detail}")
 
     def __reduce__(self):
-        return NodeFailure, (self.node, self.iteration, self.detail)
+        return NodeFailure, (self.node, self.iteration, self.detail, self.traceback)
+
+    def wire(self) -> str:
+        """The message, then the traceback where there is one: what crosses a process boundary as a string."""
+        return str(self) + (self.TRACEBACK + self.traceback if self.traceback else "")
 
     @classmethod
     def from_message(cls, message: str) -> "NodeFailure":
-        """Rebuild from ``str(failure)`` (what crosses a process boundary)."""
+        """Rebuild from ``str(failure)`` or :meth:`wire` (what crosses a process boundary)."""
+        message, _, traceback = message.partition(cls.TRACEBACK)
         m = re.match(r"node (\S+) failed at iteration (-?\d+): (.*)", message, re.S)
         if not m:
-            return cls("?", -1, message)
-        return cls(m.group(1), int(m.group(2)), m.group(3))
+            return cls("?", -1, message, traceback or None)
+        return cls(m.group(1), int(m.group(2)), m.group(3), traceback or None)

@@ -85,9 +85,12 @@ def test_an_exception_in_each_node_kind_stops_with_one_message(node, tmp_path):
     code, err, alive, seen = run_cli(["run", SYNTH, "schedule.iterations=4", "--quiet", "--run-dir", str(tmp_path)],
                                      {"OMNIGRAPH_INJECT": f"{node}@2:raise"})
     assert code == 1
-    assert err.strip().splitlines()[-1] == \
-        f"error: node {node} failed at iteration 2: RuntimeError: injected fault in {node} at step 2"
+    (d,) = tmp_path.iterdir()
+    assert err.strip().splitlines()[-1] == (f"error: node {node} failed at iteration 2: RuntimeError: injected "
+                                            f"fault in {node} at step 2 (traceback: {d / 'errors.log'})")
     assert "Traceback" not in err
+    log = (d / "errors.log").read_text()            # the actor's traceback came back with its failure
+    assert f"  step 2  node {node}  attempt 1 ===" in log and "Traceback (most recent call last):" in log
     assert seen and not alive, f"left behind: {alive}"
 
 

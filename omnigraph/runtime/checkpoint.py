@@ -3,8 +3,12 @@
 A checkpoint after step ``t`` is a folder ``RUN_DIR/checkpoints/step-<t>/``::
 
     manifest.json   {"step": t, "graph": <hash of the resolved config>, "files": {name: sha256},
-                     "metrics_lines": n, "ledger_lines": m, "timeline_lines": k}
+                     "metrics_lines": n, "ledger_lines": m, "timeline_lines": k, "in_flight_groups": [g, ...]}
     <actor>.pkl     each actor's interpreter snapshot (delay buffers, versions, weights, optimizer, RNG)
+
+``in_flight_groups``: the prompt groups the snapshots hold generated and not yet trained (in the one-step-off
+edge's buffer, unfinished in partial rollouts), as the actors name them (:mod:`omnigraph.executors.snapshot`);
+``omnigraph ledger`` counts them as in flight at the checkpoint, kept, not lost.
 
 It is written into a temporary folder, every file fsynced, then renamed into
 place, so a crash leaves either the whole checkpoint or none. On load, a
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GraphError
+from ..executors.snapshot import held_groups
 
 
 def graph_hash(config_text: str) -> str:
@@ -60,6 +65,9 @@ def save(run_dir: Path, step: int, graph: str, snapshots: dict[str, bytes], coun
             _write(tmp / f"{actor}.pkl", blob)
             files[f"{actor}.pkl"] = _sha(blob)
         manifest = {"step": step, "graph": graph, "files": files, **{f"{k}_lines": v for k, v in counts.items()}}
+        held = [held_groups(blob) for blob in snapshots.values()]
+        if all(h is not None for h in held):
+            manifest["in_flight_groups"] = sorted(set().union(*held))
         _write(tmp / "manifest.json", json.dumps(manifest, indent=1).encode())
         if final.exists():
             shutil.rmtree(final)
@@ -105,6 +113,19 @@ def load_latest(run_dir: Path, graph: str, on_damaged=None) -> Checkpoint | None
 def folder(step: int) -> str:
     """The name of the checkpoint folder of ``step``."""
     return f"step-{step:08d}"
+
+
+def newest_manifest(run_dir: Path) -> dict | None:
+    """The manifest of the newest checkpoint that has a readable one, with its folder's ``name`` added; None
+    without any. Its snapshots are not verified (that reads them all): a resume still skips a damaged one."""
+    for path in sorted((p for p in (Path(run_dir) / "checkpoints").glob("step-*") if p.is_dir()), reverse=True):
+        try:
+            manifest = json.loads((path / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict):
+            return {**manifest, "name": path.name}
+    return None
 
 
 def newest(run_dir: Path) -> tuple[int, str] | None:

@@ -22,9 +22,21 @@ or never reached, by id where it has them.
 ``omnigraph ledger RUN_DIR`` reads it back and checks the law of the pipeline:
 every generated group is trained (or dropped, with a reason) exactly once.
 
+A run that has not finished (no ``summary.json``: preempted, stopped, failed, or still going) has groups
+generated and not yet trained. Those its newest checkpoint holds (the manifest's ``in_flight_groups``, named
+by the actors' snapshots: the one-step-off edge's buffer, unfinished partial rollouts) are *in flight at the
+checkpoint*, kept: a resume trains them. Those generated after that checkpoint are *in flight since* it:
+the run goes on with them, or a resume generates them again. Neither is lost; any other is. A finished run
+has nothing in flight: a group never trained there is lost.
+
 >>> s = summarize([{"event": "generated", "group": 0}, {"event": "trained", "group": 0}])
 >>> (s.generated, s.trained_once, s.lost, s.ok)
 (1, 1, 0, True)
+>>> made = [{"event": "generated", "group": 0}, {"event": "generated", "group": 1}]
+>>> s = summarize(made, finished=False, checkpoint={"name": "step-00000000", "ledger_lines": 2,
+...                                                  "in_flight_groups": [1]})
+>>> (s.in_flight, s.lost, s.ok)
+(1, 1, False)
 """
 
 from __future__ import annotations
@@ -36,6 +48,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import GraphError
+from .checkpoint import newest_manifest
+
+REASONS = {"stale": "too stale"}
+"""A drop's reason as the report words it."""
 
 
 def events(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -90,11 +106,20 @@ class Summary:
     """Prompt groups that stayed in the rollout across at least one firing (partial rollouts)."""
     unknown: list[int] = field(default_factory=list)
     staleness: dict[int, int] = field(default_factory=dict)
+    finished: bool = True
+    """The run ended (``summary.json``): nothing can be in flight."""
+    in_flight: int = 0
+    """Unfinished run: groups generated, not yet trained, held by the newest checkpoint (a resume trains them)."""
+    in_flight_since: int = 0
+    """Unfinished run: groups generated after the newest checkpoint (or with none), not yet trained."""
+    checkpoint: str | None = None
+    """Unfinished run: the newest checkpoint's folder name."""
     rows: dict[str, Any] | None = None
     """Prompts from data: ``total`` rows the run draws from, and the sorted row indices ``trained`` (at least
-    one group of the row trained), ``dropped`` (generated, never trained), ``never_reached``; ``epochs``; where
-    the rows have ids, ``id_field`` and the same lists by id: ``trained_ids``, ``dropped_ids``,
-    ``never_reached_ids``."""
+    one group of the row trained), ``in_flight`` (none trained, one in flight), ``lost`` (none trained or in
+    flight, one lost), ``dropped`` (every group dropped, too stale), ``never_reached``, ``left_out`` (by the
+    data's filters: never drawn); ``epochs``; where the rows have ids, ``id_field`` and the same lists by id
+    (``trained_ids``, ...)."""
 
     @property
     def ok(self) -> bool:
@@ -104,8 +129,10 @@ class Summary:
         return {**asdict(self), "ok": self.ok}
 
 
-def summarize(lines: Iterable[dict[str, Any]], data: dict[str, Any] | None = None) -> Summary:
-    """The law of the pipeline over ledger events; ``data`` (a run's ``data.json``) adds the rows' fate."""
+def summarize(lines: Iterable[dict[str, Any]], data: dict[str, Any] | None = None, *, finished: bool = True,
+              checkpoint: dict[str, Any] | None = None) -> Summary:
+    """The law of the pipeline over ledger events; ``data`` (a run's ``data.json``) adds the rows' fate. An
+    unfinished run (``finished`` false) counts the groups in flight, by its newest ``checkpoint`` manifest."""
     lines = list(lines)
     generated: set[int] = set()
     trained: Counter[int] = Counter()
@@ -130,37 +157,61 @@ def summarize(lines: Iterable[dict[str, Any]], data: dict[str, Any] | None = Non
         elif kind == "carried":
             carried.add(e["group"])
     handled = trained + dropped
-    rows = _rows(lines, trained, data) if data is not None else None
+    waiting = generated - set(handled)
+    kept, since = in_flight_groups(lines, waiting, checkpoint) if not finished else (set(), set())
+    fate = {**{g: "lost" for g in waiting - kept - since}, **{g: "in_flight" for g in kept | since},
+            **{g: "dropped" for g in dropped}, **{g: "trained" for g in trained}}
+    rows = _rows(lines, fate, data) if data is not None else None
     return Summary(rows=rows, generated=len(generated),
                    trained_once=sum(1 for g, n in trained.items() if n == 1 and not dropped[g]),
                    trained_twice=sorted(g for g, n in handled.items() if n > 1), dropped=dict(reasons),
-                   lost=len(generated - set(handled)), regenerated=len(regenerated),
+                   lost=len(waiting - kept - since), regenerated=len(regenerated),
                    carried=len(carried), unknown=sorted((set(handled) | regenerated | carried) - generated),
-                   staleness=dict(sorted(staleness.items())))
+                   staleness=dict(sorted(staleness.items())), finished=finished, in_flight=len(kept),
+                   in_flight_since=len(since), checkpoint=(checkpoint or {}).get("name"))
 
 
-def _rows(lines: list[dict[str, Any]], trained: Counter, data: dict[str, Any]) -> dict[str, Any]:
-    row_of = {e["group"]: e["row"] for e in lines if e.get("event") == "generated" and "row" in e}
-    done = {row_of[g] for g in trained if g in row_of}
-    reached = set(row_of.values())
-    epochs = sorted({e["epoch"] for e in lines if e.get("event") == "generated" and "epoch" in e})
-    out: dict[str, Any] = {"trained": sorted(done), "dropped": sorted(reached - done), "epochs": len(epochs)}
+def in_flight_groups(lines: list[dict[str, Any]], waiting: set[int],
+                     checkpoint: dict[str, Any] | None) -> tuple[set[int], set[int]]:
+    """Of an unfinished run's groups ``waiting`` (generated, not yet trained or dropped): those the newest
+    ``checkpoint`` holds, and those generated after it (its ``ledger_lines`` ledger lines; all without one)."""
+    if checkpoint is None:
+        return set(), set(waiting)
+    before = {e["group"] for e in lines[:checkpoint.get("ledger_lines", 0)] if e.get("event") == "generated"}
+    kept = waiting & set(checkpoint.get("in_flight_groups") or ())
+    return kept, waiting - before - kept
+
+
+def _rows(lines: list[dict[str, Any]], fate: dict[int, str], data: dict[str, Any]) -> dict[str, Any]:
+    """Each row's fate from its groups' (``fate``: group -> trained, in_flight, lost or dropped): a row is
+    trained when one of its groups is, else in flight, else lost, else dropped."""
+    groups_of: dict[int, set[str]] = {}
+    for e in lines:
+        if e.get("event") == "generated" and "row" in e and e["group"] in fate:
+            groups_of.setdefault(e["row"], set()).add(fate[e["group"]])
+    kinds = ("trained", "in_flight", "lost", "dropped")
+    out: dict[str, Any] = {k: sorted(r for r, f in groups_of.items() if next(x for x in kinds if x in f) == k)
+                           for k in kinds}
+    out["epochs"] = len({e["epoch"] for e in lines if e.get("event") == "generated" and "epoch" in e})
     split = data.get("split")
     if split:                                          # a finite table: the rows the run could have reached
         start, stop = split["range"]
-        usable = set(range(start, stop)) - set(split.get("left_out", []))
-        out.update(total=len(usable), never_reached=sorted(usable - reached))
+        left_out = set(split.get("left_out", []))
+        usable = set(range(start, stop)) - left_out
+        out.update(total=len(usable), never_reached=sorted(usable - set(groups_of)), left_out=sorted(left_out))
     ids = {**row_ids(data), **{e["row"]: str(e["id"]) for e in lines
                                if e.get("event") == "generated" and "row" in e and "id" in e}}
     if ids:                                            # the rows' own ids: the report names rows by them
         out["id_field"] = data.get("id_field") or "id"
-        for kind in ("trained", "dropped", "never_reached"):
+        for kind in (*kinds, "never_reached"):
             if kind in out:
                 out[f"{kind}_ids"] = [ids.get(r, f"row {r}") for r in out[kind]]
     return out
 
 
-def read(run_dir: str | Path) -> Summary:
+def read(run_dir: str | Path, finished: bool | None = None) -> Summary:
+    """The ledger of a run directory; ``finished`` (default: it has ``summary.json``) decides whether
+    groups not yet trained may be in flight (see the module's docstring)."""
     path = Path(run_dir) / "ledger.jsonl"
     if not path.is_file():
         raise GraphError(f"no ledger in '{run_dir}'", fix="pass a run directory made by omnigraph run")
@@ -173,26 +224,51 @@ def read(run_dir: str | Path) -> Summary:
             if n < len(lines):      # a torn last line is a crash, not corruption
                 raise GraphError(f"ledger line {n} is not JSON", where=str(path)) from None
     data = Path(run_dir) / "data.json"
-    return summarize(rows, json.loads(data.read_text()) if data.is_file() else None)
+    if finished is None:
+        finished = (Path(run_dir) / "summary.json").is_file()
+    return summarize(rows, json.loads(data.read_text()) if data.is_file() else None, finished=finished,
+                     checkpoint=None if finished else newest_manifest(Path(run_dir)))
 
 
 def format_summary(s: Summary) -> str:
-    drop = ", ".join(f"{n} {why}" for why, n in s.dropped.items()) or "none"
+    drop = ", ".join(f"{n} {REASONS.get(why, why)}" for why, n in s.dropped.items()) or "none"
     stale = ", ".join(f"{k}: {v}" for k, v in s.staleness.items()) or "-"
-    lines = [f"prompt groups generated: {s.generated}",
+    lines = [*([] if s.finished else ["run not finished (no summary.json): groups not yet trained may be in flight"]),
+             f"prompt groups generated: {s.generated}",
              f"trained exactly once:    {s.trained_once}",
              f"dropped:                 {drop}",
+             *_format_in_flight(s),
              f"trained twice:           {len(s.trained_twice)}" + (f" ({s.trained_twice[:10]})" if s.trained_twice else ""),
              f"lost (never trained):    {s.lost}",
              f"regenerated (stale):     {s.regenerated}",
              *([f"carried across firings: {s.carried} (partial rollouts)"] if s.carried else []),
              f"staleness of trained groups (staleness: groups): {stale}",
-             *_format_rows(s.rows),
-             "ledger: OK, every group handled exactly once" if s.ok else "ledger: NOT OK"]
+             *_format_rows(s.rows, s.finished),
+             _verdict(s)]
     return "\n".join(lines)
 
 
-def _format_rows(rows: dict[str, Any] | None) -> list[str]:
+def _format_in_flight(s: Summary) -> list[str]:
+    if s.finished:
+        return []
+    if s.checkpoint is None:
+        return [f"in flight, no checkpoint: {s.in_flight_since} (the run goes on with them, or a resume starts over)"]
+    out = [f"in flight at checkpoint: {s.in_flight} (kept in {s.checkpoint}: a resume trains them)"]
+    if s.in_flight_since:
+        out.append(f"in flight since then:    {s.in_flight_since} (the run goes on with them, or a resume "
+                   "generates them again)")
+    return out
+
+
+def _verdict(s: Summary) -> str:
+    if not s.ok:
+        return "ledger: NOT OK"
+    if s.finished:
+        return "ledger: OK, every group handled exactly once"
+    return "ledger: OK so far, every group handled exactly once or in flight (the run has not finished)"
+
+
+def _format_rows(rows: dict[str, Any] | None, finished: bool = True) -> list[str]:
     if rows is None:
         return []
 
@@ -205,7 +281,13 @@ def _format_rows(rows: dict[str, Any] | None) -> list[str]:
     total = f" of {rows['total']}" if "total" in rows else ""
     out = [f"dataset rows trained:    {len(rows['trained'])}{total} over {rows['epochs']} epoch(s)"
            + (f", known by their {rows['id_field']}" if "id_field" in rows else ""),
-           f"rows dropped:            {len(rows['dropped'])}{some('dropped')}"]
+           f"rows dropped, too stale: {len(rows['dropped'])}{some('dropped')}"]
+    if not finished or rows["in_flight"]:
+        out.append(f"rows in flight:          {len(rows['in_flight'])}{some('in_flight')}")
+    if rows["lost"]:
+        out.append(f"rows lost:               {len(rows['lost'])}{some('lost')}")
     if "never_reached" in rows:
         out.append(f"rows never reached:      {len(rows['never_reached'])}{some('never_reached')}")
+    if rows.get("left_out"):
+        out.append(f"rows left out by filters: {len(rows['left_out'])}{some('left_out')}")   # never drawn
     return out

@@ -97,7 +97,7 @@ def _pipeline_metrics(row, plan, busy, waits, applies, step_s) -> None:
 
 
 def summary(plan, rows, wall, out) -> dict[str, Any]:
-    ledger = read(out)
+    ledger = read(out, finished=True)          # every step done: nothing is in flight any more
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
     steps = sorted(r["step_s"] for r in steady(rows, plan.fill))
     stale = [r["staleness_max"] for r in rows if "staleness_max" in r]
@@ -113,6 +113,7 @@ def summary(plan, rows, wall, out) -> dict[str, Any]:
         "dropped_samples": sum(r.get("dropped", 0) for r in rows),
         "regenerated_samples": sum(r.get("regenerated", 0) for r in rows),
         "regenerate_s": round(sum(r.get("regenerate_s", 0.0) for r in rows), 3),
+        "nonfinite_skipped": sum(int(r.get("nonfinite_skipped", 0)) for r in rows),   # NaN/inf: updates skipped
         "staleness_bound": plan.bound, "observed_max_staleness": max(stale, default=0),
         "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
         **extra,

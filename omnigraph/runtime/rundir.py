@@ -9,6 +9,9 @@
 - ``timeline.jsonl``: the node runs of the first steps (the measured pipeline);
 - ``restarts.jsonl``: each supervised restart with its cause, each resume and
   each damaged checkpoint skipped;
+- ``errors.log``: every node failure (appended): when, the step, the node, the attempt, the one-line
+  message and the full traceback (the file and line in the user's code that raised), which the message on
+  the console points to;
 - ``data.json``: with prompts from data, what was read (source, fingerprint, rows, rows left out, the rows'
   ids), checked again by ``--resume`` (the fingerprint) and read by ``omnigraph ledger``;
 - ``checkpoints/``, ``final/``, ``summary.json`` and the plots;
@@ -28,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import GraphError
+from ..errors import GraphError, NodeFailure
 from .ledger import row_ids, with_id
 
 
@@ -77,6 +80,24 @@ def config_of(run_dir: str | Path, where: str) -> Path:
     if not path.is_file():
         raise GraphError(f"'{run_dir}' is not a run directory (no config.yaml)", where=where,
                          fix="pass the directory printed by omnigraph run")
+    return path
+
+
+def log_failure(out: Path, failure: NodeFailure, attempt: int) -> Path | None:
+    """Append one node failure to ``errors.log``: a header line (time, step, node, attempt: 1 is the run's
+    first life, 2 its first restart), the message, then the traceback (on every executor: a Ray actor's
+    comes back with its failure). Returns the file's path; None where it cannot be written (a full disk),
+    which must not hide the failure itself."""
+    path = out / "errors.log"
+    step = f"step {failure.iteration}" if failure.iteration >= 0 else "starting"
+    body = failure.traceback or "(no traceback: nothing raised in a node, e.g. an actor's process is gone or a " \
+                                "step ran past its time)\n"
+    try:
+        with open(path, "a") as f:
+            f.write(f"=== {datetime.now().isoformat(sep=' ', timespec='seconds')}  {step}  node {failure.node}  "
+                    f"attempt {attempt} ===\n{failure}\n{body}\n")
+    except OSError:
+        return None
     return path
 
 

@@ -6,7 +6,12 @@ an actor's process dies, the actors are torn down, started again and the run
 resumes from the newest checkpoint that verifies (from the start without
 one), at most ``runtime.max_restarts`` times; each restart is logged with its
 cause in ``restarts.jsonl`` (as are resumes and damaged checkpoints skipped);
-then the error stops the run.
+then the error stops the run. Every node failure's traceback is appended to
+``errors.log``, and the one-line message names that file.
+
+A step whose update a node skipped for NaN or inf values logs how many such steps came in a row
+(``nonfinite_in_a_row``, any ``nonfinite*_in_a_row`` metric: the built-in nodes' guard, ``nodes.nonfinite``);
+after ``runtime.max_nonfinite_steps`` in a row the run stops with a :class:`GraphError` naming that setting.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from .ledger import events
 from .loggers import make as make_loggers, run_params
 from .metrics import step_metrics, summary
 from .progress import Progress
-from .rundir import RunFiles, append, check_data, new_run_dir, write_header
+from .rundir import RunFiles, append, check_data, log_failure, new_run_dir, write_header
 
 TIMELINE_STEPS = 16
 """Node runs of the first steps go to timeline.jsonl, for the measured pipeline picture."""
@@ -87,14 +92,15 @@ def _supervised(plan, out: Path, graph_id: str, bar, t0: float, restarts: list, 
             try:
                 return _attempt(plan, out, graph_id, bar, t0, resume=resume or bool(restarts))
             except NodeFailure as e:
+                log = log_failure(out, e, len(restarts) + 1)
+                where = f" (traceback: {log})" if log and e.traceback else ""      # the one line points to the rest
                 if len(restarts) >= spec.runtime.max_restarts:
-                    if restarts:
-                        raise NodeFailure(e.node, e.iteration, f"{e.detail} (after {len(restarts)} restart(s))") from e
-                    raise
+                    after = f" (after {len(restarts)} restart(s))" if restarts else ""
+                    raise NodeFailure(e.node, e.iteration, f"{e.detail}{after}{where}", e.traceback) from e
                 restarts.append({"event": "restart", "attempt": len(restarts) + 1, "cause": str(e), "node": e.node,
                                  "step": e.iteration, "time": round(time.perf_counter() - t0, 3)})
                 append(out, "restarts", restarts[-1])
-                bar.log(f"restart {len(restarts)}/{spec.runtime.max_restarts}: {e}")
+                bar.log(f"restart {len(restarts)}/{spec.runtime.max_restarts}: {e}{where}")
 
 
 def _preempted(out: Path, plan, step: int | None) -> interrupt.Preempted:
@@ -168,6 +174,7 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
                 lg.log(row)
                 lg.flush()
             bar.advance(row)
+            _stop_if_nonfinite(row, spec.runtime.max_nonfinite_steps)
             done = result.step
             if barrier and barrier(result.step + 1):
                 bar.status(f"checkpoint after step {result.step}")
@@ -191,6 +198,20 @@ def _attempt(plan, out: Path, graph_id: str, bar, t0: float, resume: bool) -> li
             _quietly(lg.close)
         _quietly(ex.stop)
     return rows
+
+
+def _stop_if_nonfinite(row: dict[str, Any], limit: int) -> None:
+    """Stop the run when a node has skipped ``limit`` steps in a row for non-finite values (its
+    ``nonfinite*_in_a_row`` metric, kept in the node's checkpointed state: a resume goes on counting)."""
+    runs = {k: v for k, v in row.items() if k.startswith("nonfinite") and k.endswith("_in_a_row")}
+    key = max(runs, key=runs.get, default=None)
+    if key is None or runs[key] < limit:
+        return
+    raise GraphError(f"{runs[key]:g} steps in a row up to step {row['step']} had NaN or inf values in what they "
+                     f"would train on or load ({key}), and were skipped: the run stops",
+                     where="runtime.max_nonfinite_steps",
+                     fix="find where they come from (each skip printed a line naming the node and the tensor; "
+                         f"metrics.jsonl counts them), or raise runtime.max_nonfinite_steps (now {limit})")
 
 
 def _quietly(fn) -> None:

@@ -28,6 +28,7 @@ class Failed:
     node: str
     step: int
     message: str
+    """:meth:`NodeFailure.wire`: the one-line message and the traceback (the driver writes it to errors.log)."""
 
 
 class GraphActor:
@@ -54,10 +55,10 @@ class GraphActor:
         self.waits: list[dict[str, Any]] = []
         try:
             self.interp = Interpreter(plan, actor)
-        except NodeFailure as e:                 # reported by ready(), with the node's name
-            self.init_error = str(e)
+        except NodeFailure as e:                 # reported by ready(), with the node's name (and its traceback)
+            self.init_error = e.wire()
         except Exception as e:  # noqa: BLE001 - a GraphError (e.g. no CUDA) or a bug: still one clear message
-            self.init_error = str(NodeFailure(actor, -1, e))
+            self.init_error = NodeFailure(actor, -1, e).wire()
         if not preload_torch:
             _set_threads(plan.actors[actor].cpus, load=False)
 
@@ -80,7 +81,7 @@ class GraphActor:
         try:
             self.interp.finish(run_dir)
         except NodeFailure as e:
-            return str(e)
+            return e.wire()
         return None
 
     def snapshot(self) -> bytes:
@@ -126,10 +127,10 @@ class GraphActor:
                 return failed
             return self._compute(op, step, fired, values)
         except NodeFailure as e:
-            return Failed(e.node, e.iteration, str(e))
+            return Failed(e.node, e.iteration, e.wire())
         except Exception as e:  # noqa: BLE001 - a bug outside a node still must not hang the graph
             node = op.task.node if op.task else op.kind
-            return Failed(node, step, f"node {node} failed at iteration {step}: {type(e).__name__}: {e}")
+            return Failed(node, step, NodeFailure(node, step, e).wire())
         finally:
             self.current = None
             if self.signals is not None:
