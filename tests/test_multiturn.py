@@ -143,8 +143,8 @@ def test_bad_env_configs_are_refused_with_the_field(override, message):
 
 
 def test_the_env_reward_without_episodes_is_refused():
-    with pytest.raises(og.GraphError, match="nodes.reward.fn: fn: env scores multi-turn episodes, but no generate "
-                                            "node has an env"):
+    with pytest.raises(og.GraphError, match="nodes.reward.fn: fn: env scores multi-turn episodes or agent runs, "
+                                            "but no generate node has an env or an agent"):
         og.compile(ROOT / "graphs" / "grpo_one_step_off.yaml", overrides=["nodes.reward.fn=env"])
 
 

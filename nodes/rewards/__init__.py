@@ -16,12 +16,13 @@ from omnigraph.sdk.registry import table
 
 def _reward_function(node, options, spec) -> list:
     out = _no_model(node, options, spec) or _resolves(node, options.fn, "fn")
-    episodes = any(getattr(n, "env", None) is not None for n in spec.nodes.values())
+    episodes = any(getattr(n, "env", None) is not None or getattr(n, "agent", None) is not None
+                   for n in spec.nodes.values())
     if not out and not episodes and (options.fn == "env" or options.env_weight):
         field, what = ("fn", "fn: env") if options.fn == "env" else ("env_weight", "env_weight")
-        out.append(ConfigError(f"{what} scores multi-turn episodes, but no generate node has an env",
-                               where=f"nodes.{node}.{field}",
-                               fix="give the generate node env: {name: ...}, or score with another fn"))
+        out.append(ConfigError(f"{what} scores multi-turn episodes or agent runs, but no generate node has an env "
+                               "or an agent", where=f"nodes.{node}.{field}",
+                               fix="give the generate node env: {name: ...} or agent: {...}, or score with another fn"))
     return out
 
 

@@ -84,7 +84,8 @@ def math_verify(prompt: str, completion: str, *, target: str, **meta) -> float:
 
 
 def env_reward(prompt: str, completion: str, *, episode: dict | None = None, **meta) -> float:
-    """The episode's reward from its environment (multi-turn rollouts, ``generate: {env: ...}``)."""
+    """The episode's reward from its environment (multi-turn rollouts, ``generate: {env: ...}``), or what an
+    agent run returned (``generate: {agent: ...}``)."""
     if episode is None:
-        raise ValueError("reward env scores multi-turn episodes: the generate node has no env")
+        raise ValueError("reward env scores multi-turn episodes and agent runs: the generate node has neither")
     return float(episode["reward"])

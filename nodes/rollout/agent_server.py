@@ -21,8 +21,11 @@ import threading
 import time
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from nodes.rollout.agent_broker import AgentError, Call
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -36,13 +39,11 @@ def _int(body: dict, name: str, lo: int, hi: int, default=None):
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        from nodes.rollout.agents import AgentError
         raise AgentError(400, f"'{name}' must be an integer from {lo} to {hi}, not {v!r}", param=name)
     return v
 
 
 def _stops(body: dict) -> list[str]:
-    from nodes.rollout.agents import AgentError
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else (stop or [])
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
@@ -51,7 +52,6 @@ def _stops(body: dict) -> list[str]:
 
 
 def _check_messages(body: dict) -> None:
-    from nodes.rollout.agents import AgentError
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise AgentError(400, "'messages' must be a non-empty list of messages", param="messages")
@@ -76,8 +76,6 @@ def _check_messages(body: dict) -> None:
 
 def build_app(agents):
     """The FastAPI application of ``agents`` (an :class:`nodes.rollout.agents.Agents`)."""
-    from nodes.rollout.agents import AgentError, Call
-
     spec = agents.spec
     app = FastAPI(title="omnigraph agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
     model_name = getattr(agents.rollout, "model_name", None) or "policy"
@@ -218,7 +216,7 @@ class Endpoint:
     """The app served by uvicorn in a daemon thread, on a free port of ``host``."""
 
     def __init__(self, agents, host: str):
-        import uvicorn
+
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

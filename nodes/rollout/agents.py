@@ -23,17 +23,14 @@ proof and check cover agent episodes as any rollout.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import os
 import secrets
 import signal
 import sys
-import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,106 +38,11 @@ import torch
 from omnigraph.sdk import ConfigError, Prompt
 from omnigraph.sdk.registry import load_dotted
 
+from nodes.rollout.agent_broker import AgentEpisode, AgentError, Broker, Call
 from nodes.rollout.agent_chat import message_key, parse_tool_calls, plain, render
+from nodes.rollout.agent_server import Endpoint
 from nodes.rollout.episodes import EventLoop
 from nodes.tasks.prompting import messages as prompt_messages
-
-
-class AgentError(Exception):
-    """A request the endpoint refuses: an OpenAI-shaped error (status, type, message, param)."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.param = status, kind, param
-
-
-@dataclass
-class Call:
-    """One request, queued for the rollout's thread."""
-
-    episode: "AgentEpisode"
-    kind: str                          # "chat" or "completion"
-    body: dict[str, Any]
-    n: int
-    max_tokens: int | None
-    stop: list[str]
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-
-
-@dataclass
-class AgentEpisode:
-    prompt: Prompt
-    eid: str
-    ids: list[int] | None = None       # the conversation's tokens so far (the first prompt, then the region)
-    prompt_len: int = 0
-    tokens: list[int] = field(default_factory=list)
-    model: list[float] = field(default_factory=list)
-    logprob: list[float] = field(default_factory=list)
-    sampled: dict[str, str] = field(default_factory=dict)     # message_key -> the text sampled for it
-    requests: int = 0
-    tool_calls: int = 0
-    mismatches: int = 0
-    reward: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-    status: str = "running"            # running, done, timeout, error
-    truncated: bool = False
-    last: str = ""
-
-    def add(self, tokens: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
-        self.tokens += tokens
-        self.ids = (self.ids or []) + tokens
-        self.model += [1.0 if trained else 0.0] * len(tokens)
-        self.logprob += logprobs if logprobs is not None else [0.0] * len(tokens)
-
-    def record(self) -> dict[str, Any]:
-        return {"reward": self.reward, "turns": self.requests, "tool_calls": self.tool_calls,
-                "done": self.status == "done", "truncated": self.truncated, "status": self.status,
-                "retokenize_mismatch": self.mismatches, "info": dict(self.info)}
-
-
-class Broker:
-    """The queue between the endpoint's handlers (any thread) and the rollout's thread."""
-
-    def __init__(self):
-        self.cond = threading.Condition()
-        self.calls: list[Call] = []
-        self.episodes: dict[str, AgentEpisode] = {}
-        self.first_at: float | None = None
-
-    def open(self, episodes: list[AgentEpisode]) -> None:
-        with self.cond:
-            self.episodes = {e.eid: e for e in episodes}
-
-    def episode(self, eid: str) -> AgentEpisode:
-        e = self.episodes.get(eid)
-        if e is None or e.status != "running":
-            raise AgentError(404, f"no running episode '{eid[:40]}' at this endpoint (its agent run ended, or the "
-                                  "base URL is not the one it was given)", "not_found_error")
-        return e
-
-    def submit(self, call: Call, limit: int) -> concurrent.futures.Future:
-        with self.cond:
-            if len(self.calls) >= limit:
-                raise AgentError(429, f"more than {limit} requests are waiting; retry later", "rate_limit_error")
-            self.calls.append(call)
-            if self.first_at is None:
-                self.first_at = time.perf_counter()
-            self.cond.notify_all()
-        return call.future
-
-    def take(self, waiting_for: int, wait_s: float, poll_s: float = 0.01) -> list[Call]:
-        """The queued calls, once ``waiting_for`` are queued or ``wait_s`` passed since the first; [] after
-        ``poll_s`` with none queued (the caller checks whether its agents are still running)."""
-        with self.cond:
-            deadline = time.perf_counter() + poll_s
-            while not self.calls and time.perf_counter() < deadline:
-                self.cond.wait(timeout=max(0.0, deadline - time.perf_counter()))
-            if not self.calls:
-                return []
-            while len(self.calls) < waiting_for and time.perf_counter() < self.first_at + wait_s:
-                self.cond.wait(timeout=max(1e-4, self.first_at + wait_s - time.perf_counter()))
-            out, self.calls, self.first_at = self.calls, [], None
-            return out
 
 
 def _stop_at(tok, toks: list[int], stops: list[str]) -> int | None:
@@ -160,7 +62,6 @@ class Agents:
     """The agent rollout of one generate node (built once; ``run`` per batch)."""
 
     def __init__(self, rollout):
-        from nodes.rollout.agent_server import Endpoint   # FastAPI and uvicorn only where agents run
         self.rollout, self.tok = rollout, rollout.tok
         self.spec = rollout.options.agent
         self.fn = None

@@ -28,6 +28,12 @@ sample's ``min_version`` is its oldest token.
 
 ``input_ids`` and ``attention_mask`` are prompt-aligned (``meta["prompt_aligned"]``):
 shards from several rollout ranks join with their prompts left-padded alike.
+
+Weights received at a sync pass :meth:`Rollout.finite_weights` before a backend loads them (:mod:`nodes.nonfinite`):
+with a NaN or inf in them they are not loaded, and the rollout goes on sampling with the weights it holds
+(its samples still carry the version that arrived: the decoupled loss reads their own log-probs, so only the
+reported staleness is one version short). Weights a transport already wrote into the model's own tensors
+cannot be refused that way: the node fails instead (a supervised run restarts from its last checkpoint).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import torch
 
 from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
 
+from nodes.nonfinite import Streak, count_tensor, finite_tensors, poison, warn
 from nodes.rollout.episodes import Episodes
 from nodes.rollout.partial import Carry, Group
 from nodes.tasks.prompting import encode
@@ -53,8 +60,33 @@ class Rollout:
         self.ctx, self.options = ctx, ctx.options
         self.version = 0
         self._episodes = None
+        self._agents = None
         p = getattr(self.options, "partial", None)
         self.carry = None if p is None else Carry(p, self.options.max_new_tokens, ctx.run.iterations)
+        self.nonfinite = Streak("nonfinite_weights")
+
+    def finite_weights(self, weights: Weights, tensors=None) -> bool:
+        """Whether the weights received at a sync (``tensors``: where they are now, ``weights.tensors``
+        unless a transport wrote them into the model's own) are all finite; if not, the sync is warned about
+        and counted (``nonfinite_weights_skipped``, ``nonfinite_weights_in_a_row``) and the caller does not
+        use them. Cost: one read of every received tensor on the device it arrived on (``torch.isfinite(t).all()``
+        each, one host sync per device), about half of what copying them in costs; only where weights
+        arrive, once per sync. The fault point ``weights`` (``generate@5/weights:corrupt``) makes one value
+        NaN, in a copy: the sender's tensors stay intact."""
+        tensors = weights.tensors if tensors is None else tensors
+        if self.ctx.fault("weights"):
+            tensors = dict(tensors)
+            name = next((k for k, t in tensors.items() if t.is_floating_point() and t.numel()), None)
+            if name is not None:
+                tensors[name] = poison(tensors[name])
+        ok = finite_tensors(tensors.values())
+        if not ok:
+            found = {k: n for k, t in tensors.items() if (n := count_tensor(t))}
+            names = dict(list(found.items())[:3])
+            warn(self.ctx.name, f"weights version {weights.version}", names,
+                 f"not loaded ({len(found)} of {len(tensors)} tensors): the rollout keeps version {self.version}")
+        self.ctx.log(**self.nonfinite.record(not ok))
+        return ok
 
     @property
     def episodes(self):
@@ -63,8 +95,22 @@ class Rollout:
             self._episodes = Episodes(self)
         return self._episodes
 
+    @property
+    def agents(self):
+        """The agent rollout (``agent:`` set; :mod:`nodes.rollout.agents`), its endpoint started on first use."""
+        if self._agents is None and getattr(self.options, "agent", None) is not None:
+            from nodes.rollout.agents import Agents        # FastAPI, uvicorn and openai only where agents run
+            self._agents = Agents(self)
+        return self._agents
+
     def _sample(self, prompts: list[Prompt], n: int, *, greedy: bool, seed: int) -> tuple[dict, list[dict]]:
-        """Completions (single-turn) or episodes (``env:``), and each sample's meta."""
+        """Completions (single-turn), episodes (``env:``) or agent runs (``agent:``), and each sample's meta."""
+        if self.agents is not None:
+            out, eps = self.agents.run(prompts, n, greedy=greedy, seed=seed)
+            self.agents.report()
+            if not greedy:
+                self.ctx.log(**self.agents.stats)
+            return out, [{**e.prompt.meta, "episode": e.record()} for e in eps]
         if self.episodes is None:
             out = self.sample([self.encode(p) for p in prompts], n, greedy=greedy, seed=seed)
             return out, [prompts[i // n].meta for i in range(len(out["completion"]))]
@@ -150,11 +196,13 @@ class Rollout:
         return self.carry.in_flight() if self.carry is not None else []
 
     def carry_state(self) -> dict:
-        """The unfinished samples, for the checkpoint (tokens, logprobs, versions; the next firing's seed
-        comes from its step)."""
-        return {"carry": self.carry.state_dict()} if self.carry is not None else {}
+        """What this base keeps in a checkpoint: the unfinished samples (tokens, logprobs, versions; the next
+        firing's seed comes from its step) and the weights guard's counts."""
+        out = {"nonfinite": self.nonfinite.state_dict()}
+        return {**out, "carry": self.carry.state_dict()} if self.carry is not None else out
 
     def load_carry(self, state: dict) -> None:
+        self.nonfinite.load_state_dict(state.get("nonfinite"))
         if self.carry is not None and "carry" in state:
             self.carry.load_state_dict(state["carry"])
 

@@ -33,7 +33,7 @@ class EnvSpec(Strict):
 
 
 class AgentSpec(Strict):
-    """Agent programs as the rollout (:mod:`nodes.rollout.agents`): each sample is one run of the user's agent,
+    """Agent programs as the rollout: each sample is one run of the user's agent,
     which talks to the policy through an OpenAI-compatible endpoint that the rollout serves; what the endpoint
     sampled, token for token, is what is trained."""
 

@@ -59,7 +59,7 @@ def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
 
     A relative ``task.source`` written in the file is relative to the file's folder: it is made absolute here,
     before the overrides apply (a ``task.source=...`` override stays relative to the working directory), unless
-    it names a registered task (``reasoning_gym``)."""
+    it names a registered task (``reasoning_gym``); so is an agent's ``entry`` in a file (``agent.py:solve``)."""
     p = Path(path)
     if not p.is_file():
         raise GraphError(f"no such file '{path}'", fix="pass the path of a graph YAML, e.g. graphs/grpo_one_step_off.yaml")
@@ -75,6 +75,11 @@ def load_file(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     if isinstance(source, str) and source and not source.startswith("~") and not os.path.isabs(source) \
             and not plugins.has("tasks", source):
         task["source"] = os.path.normpath(os.path.join(os.path.abspath(p.parent), source))
+    for node in (raw.get("nodes") or {}).values() if isinstance(raw.get("nodes"), dict) else ():
+        agent = node.get("agent") if isinstance(node, dict) else None
+        entry = agent.get("entry") if isinstance(agent, dict) else None
+        if isinstance(entry, str) and ".py:" in entry and not os.path.isabs(entry):    # an agent in a file
+            agent["entry"] = os.path.normpath(os.path.join(os.path.abspath(p.parent), entry))
     given: dict[tuple, str] = {}
     for item in overrides:             # as load_text does, on the document with its source resolved
         raw = apply_override(raw, item)

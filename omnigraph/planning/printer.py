@@ -65,6 +65,15 @@ def format_plan(plan) -> str:
             out.append(f"  {n}: environment {env.name}, at most {env.max_turns} model turns of "
                        f"{g.spec.nodes[n].max_new_tokens} tokens, {env.max_tokens} tokens per episode, "
                        f"{env.waves} wave(s); only the model's tokens are trained; one weights version per episode")
+    agents = {n: o.agent for n, o in g.spec.nodes.items() if getattr(o, "agent", None) is not None}
+    if agents:
+        out.append("agents (an OpenAI-compatible endpoint in the rollout):")
+        for n, a in agents.items():
+            program = a.entry if a.entry is not None else " ".join(a.command)
+            out.append(f"  {n}: {program}, {a.concurrency} at once, at most {a.max_turns} requests of "
+                       f"{g.spec.nodes[n].max_new_tokens} tokens and {a.max_tokens} tokens per episode, "
+                       f"{a.timeout_s:g} s each (then on_timeout: {a.on_timeout}); endpoint on {a.host}; only the "
+                       "sampled tokens are trained; one weights version per episode")
     partial = {n.name: n.spec.partial for n in g.of_role("generator") if n.spans > 1 or
                getattr(n.spec, "partial", None) is not None}
     if partial:
