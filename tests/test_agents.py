@@ -146,3 +146,29 @@ def test_check_refuses_an_agent_it_cannot_run(override, where, says):
     with pytest.raises(GraphError) as e:
         og.compile(GRAPHS / graph, overrides=[override])
     assert e.value.where.startswith(where) and says in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_graph_trains_with_an_agent_from_a_file_and_keeps_its_errors(tmp_path, executor, request):
+    from omnigraph.runtime import run as run_graph
+    from omnigraph.runtime.ledger import read
+    if executor == "ray":
+        request.getfixturevalue("ray_session")
+    good = f"{HERE / 'agent_programs.py'}:completes"
+    plan = og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=[
+        f"nodes.generate.agent={{entry: '{good}', max_tokens: 16}}", "nodes.reward.fn=env", "schedule.iterations=3",
+        "nodes.generate.eval_every=0"])
+    res = run_graph(plan, run_dir=tmp_path / "good", executor=executor, progress=False)
+    rows = res.metrics
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    per_step = plan.graph.spec.task.prompts * plan.graph.spec.task.samples_per_prompt
+    assert [r["agent_requests"] for r in rows if "agent_requests" in r] == [per_step] * 3, rows[0]
+    assert all(r["retokenize_mismatch"] == 0 for r in rows if "agent_requests" in r)
+    assert any(r.get("loss") is not None for r in rows) and read(res.run_dir).ok
+    bad = f"{HERE / 'agent_programs.py'}:raises"
+    plan = og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=[
+        f"nodes.generate.agent={{entry: '{bad}', max_tokens: 16}}", "nodes.reward.fn=env", "schedule.iterations=1",
+        "nodes.generate.eval_every=0", "task.prompts=2"])
+    res = run_graph(plan, run_dir=tmp_path / "bad", executor=executor, progress=False)
+    log = (res.run_dir / "agent_errors.log").read_text()
+    assert "the agent's own bug" in log and "agent_programs.py" in log

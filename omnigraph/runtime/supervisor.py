@@ -89,6 +89,7 @@ def _supervised(plan, out: Path, graph_id: str, bar, t0: float, restarts: list, 
             if interrupt.requested():
                 raise _preempted(out, plan, None)
             os.environ["OMNIGRAPH_ATTEMPT"] = str(len(restarts))
+            os.environ["OMNIGRAPH_RUN_DIR"] = str(out)     # the actors' own logs (an agent's traceback) go there
             try:
                 return _attempt(plan, out, graph_id, bar, t0, resume=resume or bool(restarts))
             except NodeFailure as e:
