@@ -66,3 +66,19 @@ def test_loading_a_model_prints_no_progress_bars(capfd):
     finally:
         if not was:
             hf_logging.disable_progress_bar()
+
+
+def test_a_local_run_prints_no_progress_bars_at_its_final_save(tmp_path):
+    """The final weights were written under transformers' "Writing model shards" bar, even with --quiet."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = str(Path(sys.executable).with_name("omnigraph"))
+    graph = Path(__file__).resolve().parents[1] / "graphs" / "grpo_one_step_off.yaml"
+    out = subprocess.run([exe, "run", str(graph), "schedule.iterations=1", "nodes.generate.eval_every=0",
+                          "--executor", "local", "--quiet", "--run-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Writing model shards" not in out.stderr + out.stdout and "it/s]" not in out.stderr, out.stderr
+    (run_dir,) = tmp_path.iterdir()
+    assert (run_dir / "final" / "model.safetensors").exists()

@@ -7,14 +7,12 @@ package), are recipes in :mod:`nodes.zoo`; this module is what they and every ba
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import random
-import shutil
-import tempfile
-import time
 from pathlib import Path
+from typing import Iterator
 
 from omnigraph.sdk.adapters import transformers as transformers_adapter
 
@@ -33,24 +31,31 @@ def cached(name: str, recipe: list, seed: int, build, log=print) -> Path:
     return target
 
 
-def load(path: Path, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) from a local directory, without transformers' progress bars ("Loading weights"): a run
-    prints its own progress (they are switched back on after, where they were on)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@contextlib.contextmanager
+def quiet_bars() -> Iterator[None]:
+    """Within the block, no transformers progress bars ("Loading weights", "Writing model shards"): a run prints
+    its own progress. They are switched back on after, where they were on."""
     from transformers.utils import logging as hf_logging
-
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def load(path: Path, dtype: str = "float32", device: str = "cpu"):
+    """(model, tokenizer) from a local directory, without transformers' progress bars (:func:`quiet_bars`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with quiet_bars():
         tok = AutoTokenizer.from_pretrained(path)
         tok.padding_side = "left"
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
     return model, tok
 
 

@@ -180,11 +180,12 @@ class Update:
         if self.ctx.rank != 0:
             return
         out = Path(run_dir) / "final"
-        if self.policy.lora is not None:
-            model.save_pretrained(out / "adapter")
-            model = model.merge_and_unload()
-        model.save_pretrained(out, safe_serialization=True)
-        self.policy.tok.save_pretrained(out)
+        with models.quiet_bars():
+            if self.policy.lora is not None:
+                model.save_pretrained(out / "adapter")
+                model = model.merge_and_unload()
+            model.save_pretrained(out, safe_serialization=True)
+            self.policy.tok.save_pretrained(out)
 
     def _whole(self):
         """The model to save: the trained one, or on a sharded pool a copy built on rank 0 from the gathered
