@@ -111,6 +111,17 @@ def test_a_command_agent_runs_in_its_own_process_with_the_endpoint_in_its_enviro
     assert agents.stats["agent_requests"] == 4
 
 
+def test_a_command_agent_needs_nothing_but_http():
+    """The stdlib example, run with ``python -S`` (no site packages: not omnigraph's, not openai's)."""
+    program = HERE.parent / "examples" / "agents" / "stdlib_agent.py"
+    spec, gen, _ = generator(f"{{command: ['{sys.executable}', '-S', '{program}'], max_tokens: 16}}",
+                             "task.prompts=1", "task.samples_per_prompt=2")
+    batch, agents = run(spec, gen)
+    eps = [m["episode"] for m in batch.fields["meta"]]
+    assert all(e["status"] == "done" and "reply" in e["info"] for e in eps), eps
+    assert agents.stats["agent_requests"] == 2 and batch.fields["response_mask"].sum() > 0
+
+
 @pytest.mark.parametrize("program, status", [("hangs", "timeout"), ("raises", "error")])
 def test_an_agent_that_hangs_or_raises_is_scored_and_the_rollout_goes_on(program, status, capsys):
     spec, gen, _ = generator(f"{{entry: 'agent_programs:{program}', timeout_s: 3, max_tokens: 16}}",
