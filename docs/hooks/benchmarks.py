@@ -55,6 +55,11 @@ BENCHES: dict[str, tuple[str, str, list[tuple[str, str, float]]]] = {
         ("injected", "faults_injected", 1), ("seen", "faults_observed", 1), ("survived", "faults_survived", 1),
         ("groups lost", "groups_lost", 1), ("trained twice", "groups_trained_twice", 1),
         ("fuzz cases", "fuzz_cases", 1), ("tracebacks", "fuzz_tracebacks", 1), ("hangs", "fuzz_hangs", 1)]),
+    "soak": ("`python bench/soak.py --quick`", "300 steps on ray under 15 faults of five kinds, against the run left alone", [
+        ("injected", "faults_injected", 1), ("survived", "faults_survived", 1), ("restarts", "restarts", 1),
+        ("requeues", "requeues", 1), ("bit exact", "bit_exact", 1), ("groups lost", "groups_lost", 1),
+        ("NaN guard", "nan_guard_fired", 1), ("RSS MB / 1000 steps", "rss_growth_mb_per_1000_steps", 1),
+        ("wall s", "wall_s", 1)]),
     "learn": ("`python bench/learn.py --quick`", "SmolLM2 through vLLM on a reasoning-gym task, held-out accuracy", [
         ("accuracy before", "eval_before", 1), ("accuracy after", "eval_after", 1), ("steps", "steps", 1),
         ("minutes", "minutes", 1)]),
@@ -137,7 +142,9 @@ def lookup(result: dict, path: str):
 
 
 def figure(value, scale: float) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if not isinstance(value, (int, float)) or math.isnan(value):
         return "—"
     value = value * scale
     if float(value).is_integer() and abs(value) < 1e6:
