@@ -6,8 +6,14 @@ import sys
 
 import openai
 
-task = json.load(sys.stdin)
-client = openai.OpenAI(max_retries=0)          # reads OPENAI_BASE_URL and OPENAI_API_KEY
-out = client.completions.create(model="policy", prompt=task["prompt"], max_tokens=8)
-print("some chatter on stdout first")
-print(json.dumps({"reward": float(out.choices[0].text.strip() == task["target"]), "pid_seen": True}))
+
+def main() -> None:
+    task = json.load(sys.stdin)
+    client = openai.OpenAI(max_retries=0)          # reads OPENAI_BASE_URL and OPENAI_API_KEY
+    out = client.completions.create(model="policy", prompt=task["prompt"], max_tokens=8)
+    print("some chatter on stdout first")
+    print(json.dumps({"reward": float(out.choices[0].text.strip() == task["target"]), "pid_seen": True}))
+
+
+if __name__ == "__main__":
+    main()

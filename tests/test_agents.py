@@ -69,6 +69,25 @@ def test_a_two_turn_chat_agent_trains_exactly_the_tokens_it_sampled():
     assert float(gap) < 1e-3, float(gap)
 
 
+def test_an_agent_playing_an_environment_samples_and_trains_what_the_environment_loop_does():
+    """``copy_chain`` through the endpoint (an agent over /completions) and through the built-in episode loop
+    (one wave, the same seeds): the same tokens, masks, log-probs and rewards, bit for bit."""
+    spec = og.load(GRAPHS / "grpo_multiturn.yaml", ["nodes.generate.env.waves=1", "task.prompts=4"])
+    env_gen, _ = build_node(spec, "generate")
+    torch.manual_seed(0)
+    want = env_gen.generate(0, prompts(spec, 0), Weights(version=0))
+    max_tokens = spec.nodes["generate"].env.max_tokens
+    spec = og.load(GRAPHS / "grpo_multiturn.yaml", [
+        "task.prompts=4", "nodes.generate.env=null",
+        f"nodes.generate.agent={{entry: 'agent_programs:copy_chain', max_tokens: {max_tokens}, batch_wait_s: 5}}"])
+    gen, _ = build_node(spec, "generate")
+    got, agents = run(spec, gen)
+    assert agents.stats["retokenize_mismatch"] == 0
+    for key in ("input_ids", "attention_mask", "response_mask", "logprob"):
+        assert torch.equal(want.fields[key], got.fields[key]), key
+    assert [m["episode"]["reward"] for m in want.fields["meta"]] == [m["episode"]["reward"] for m in got.fields["meta"]]
+
+
 def test_an_agent_that_edits_its_history_is_counted_and_still_trains_what_was_sampled():
     spec, gen, _ = generator("{entry: 'agent_programs:edits_history', max_tokens: 48}")
     batch, agents = run(spec, gen)

@@ -26,7 +26,9 @@ class AgentError(Exception):
 class AgentEpisode:
     prompt: Prompt
     eid: str
+    index: int = 0                     # its place in the batch: a batch's requests are sampled in this order
     ids: list[int] | None = None       # the conversation's tokens so far (the first prompt, then the region)
+    head: int = 0                      # tokens before the client's text (a plain prompt's bos)
     prompt_len: int = 0
     tokens: list[int] = field(default_factory=list)
     model: list[float] = field(default_factory=list)

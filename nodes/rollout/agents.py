@@ -4,7 +4,8 @@ talking to the policy through an OpenAI-compatible endpoint the rollout serves (
 The agents run concurrently on an event loop of their own (``agent.concurrency`` at once). Their requests
 queue at the endpoint; the rollout's thread takes them in batches (all of them once every running agent is
 waiting, else what came within ``agent.batch_wait_s``) and samples each batch with the backend's ``sample``
-(hf, vLLM), so requests of many agents are generated together.
+(hf, vLLM), so requests of many agents are generated together, in the episodes' order (a batch's rows do
+not depend on which request arrived first).
 
 Token-exact trajectories. Per episode the endpoint keeps the tokens of the conversation so far, exactly as
 they were sampled or appended. A new request's prompt is rendered by the model's chat template, the
@@ -138,7 +139,7 @@ class Agents:
 
     # -- the rollout's side (its thread) --------------------------------------------------------------------
     def run(self, prompts: list[Prompt], n: int, *, greedy: bool, seed: int) -> tuple[dict, list[AgentEpisode]]:
-        eps = [AgentEpisode(p, uuid.uuid4().hex) for p in prompts for _ in range(n)]
+        eps = [AgentEpisode(p, uuid.uuid4().hex, i * n + j) for i, p in enumerate(prompts) for j in range(n)]
         self.broker.open(eps)
         self.errors = []
         t0 = time.perf_counter()
@@ -178,15 +179,24 @@ class Agents:
             text = render(tok, msgs, body.get("tools"))
         else:
             text, msgs = body["prompt"], None
+        # a plain prompt starts with the model's bos, as the rollout's own prompts do (a chat template writes
+        # its own); the text the client sends never holds it
+        head = [tok.bos_token_id] if call.kind == "completion" and tok.bos_token_id is not None else []
         if e.ids is None:                                      # the episode's first request
-            ids = tok(text, add_special_tokens=False).input_ids
-            return ids, []
-        said = tok.decode(e.ids, skip_special_tokens=False)
+            e.head = len(head)
+            return head + tok(text, add_special_tokens=False).input_ids, []
+        said = tok.decode(e.ids[e.head:], skip_special_tokens=False)
+        if not text.startswith(said):
+            # a completion's text never shows the stop tokens that ended the replies: the client could not
+            # send them back (they stay in the trajectory, where they were sampled)
+            stops, P = set(self.rollout.stops), e.prompt_len
+            said = tok.decode([t for k, t in enumerate(e.ids) if e.head <= k and
+                               (k < P or not (e.model[k - P] and t in stops))], skip_special_tokens=False)
         if text.startswith(said):                              # the conversation so far, unchanged: extend it
             new = tok(text[len(said):], add_special_tokens=False).input_ids if len(text) > len(said) else []
             return e.ids + new, new
         e.mismatches += 1
-        ids = tok(text, add_special_tokens=False).input_ids
+        ids = head + tok(text, add_special_tokens=False).input_ids
         return ids, self._new_turns(e, msgs, body.get("tools"), text)
 
     def _new_turns(self, e: AgentEpisode, msgs, tools, text: str) -> list[int]:
@@ -211,6 +221,9 @@ class Agents:
         """Sample every live call's choices in one batch; answer each call's future. Returns the rows."""
         r, spec = self.rollout, self.spec
         rows, plan = [], []
+        # in the episodes' order, not the order the requests arrived in: which row samples what does not
+        # depend on timing (with the same batches, the same samples: a multi-turn environment's, for one)
+        calls = sorted(calls, key=lambda c: c.episode.index)
         for c in calls:
             e = c.episode
             if e.status != "running":
