@@ -93,22 +93,3 @@ async def probes(client: openai.AsyncOpenAI, task: dict, **options) -> dict:
         await wrong.close()
     return {"reward": 1.0, **seen}
 
-
-async def copy_chain(client: openai.AsyncOpenAI, task: dict, rounds: int = 3) -> float:
-    """The ``copy_chain`` environment's episode, written as an agent over the completions endpoint: the prompt
-    grows by each reply and the next number to copy, exactly as the environment grows it."""
-    import random
-    import zlib
-
-    from nodes.rewards.rules import digits_match
-    target, text, reward = task["target"], task["prompt"], 0.0
-    rng = random.Random(zlib.crc32(task["prompt"].encode()))
-    for asked in range(1, rounds + 1):
-        out = await client.completions.create(model="policy", prompt=text)
-        reply = out.choices[0].text
-        reward += digits_match("", reply, target=target) / rounds
-        if asked == rounds:
-            break
-        target = str(rng.randint(10 ** (len(target) - 1), 10 ** len(target) - 1))
-        text += reply + f"copy {target}:"
-    return reward

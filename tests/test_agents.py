@@ -19,6 +19,7 @@ from omnigraph.testing import build_node, prompts
 from conftest import GRAPHS
 
 HERE = Path(__file__).resolve().parent
+COPY_CHAIN = HERE.parent / "examples" / "agents" / "copy_chain.py"
 # the tiny model's tokenizer has no chat template: one in its own alphabet, turns ended by its <eos>
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor %}"
             "{% if add_generation_prompt %}assistant: {% endif %}")
@@ -79,13 +80,21 @@ def test_an_agent_playing_an_environment_samples_and_trains_what_the_environment
     max_tokens = spec.nodes["generate"].env.max_tokens
     spec = og.load(GRAPHS / "grpo_multiturn.yaml", [
         "task.prompts=4", "nodes.generate.env=null",
-        f"nodes.generate.agent={{entry: 'agent_programs:copy_chain', max_tokens: {max_tokens}, batch_wait_s: 5}}"])
+        f"nodes.generate.agent={{entry: '{COPY_CHAIN}:solve', max_tokens: {max_tokens}, batch_wait_s: 5}}"])
     gen, _ = build_node(spec, "generate")
     got, agents = run(spec, gen)
     assert agents.stats["retokenize_mismatch"] == 0
     for key in ("input_ids", "attention_mask", "response_mask", "logprob"):
         assert torch.equal(want.fields[key], got.fields[key]), key
     assert [m["episode"]["reward"] for m in want.fields["meta"]] == [m["episode"]["reward"] for m in got.fields["meta"]]
+
+
+def test_an_agent_that_tidies_the_replies_it_sends_back_is_counted_as_diverging():
+    spec = og.load(GRAPHS / "grpo_multiturn.yaml", [
+        "task.prompts=2", "nodes.generate.env=null", f"nodes.generate.agent={{entry: '{COPY_CHAIN}:edited'}}"])
+    gen, _ = build_node(spec, "generate")
+    batch, agents = run(spec, gen)
+    assert agents.stats["retokenize_mismatch"] > 0 and batch.fields["response_mask"].sum() > 0
 
 
 def test_an_agent_that_edits_its_history_is_counted_and_still_trains_what_was_sampled():
