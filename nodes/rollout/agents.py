@@ -78,6 +78,7 @@ class Agents:
         self.endpoint = Endpoint(self, self.spec.host)
         self.stats: dict[str, float] = {}
         self.errors: list[str] = []
+        self.http = None
 
     # -- the agents' side (their event loop) --------------------------------------------------------------
     def base_url(self, e: AgentEpisode) -> str:
@@ -90,12 +91,13 @@ class Agents:
         task = self.task_of(e.prompt)
         if self.fn is not None:
             import openai
+            if self.http is None:           # one connection pool for every episode's client (made in this loop)
+                import httpx
+                self.http = httpx.AsyncClient(timeout=self.spec.timeout_s,
+                                              limits=httpx.Limits(max_connections=self.spec.concurrency))
             client = openai.AsyncOpenAI(base_url=self.base_url(e), api_key=self.key, max_retries=0,
-                                        timeout=self.spec.timeout_s)
-            try:
-                return await self.fn(client, task, **self.spec.options)
-            finally:
-                await client.close()
+                                        timeout=self.spec.timeout_s, http_client=self.http)
+            return await self.fn(client, task, **self.spec.options)
         env = {**os.environ, "OPENAI_BASE_URL": self.base_url(e), "OPENAI_API_KEY": self.key,
                "OMNIGRAPH_AGENT_OPTIONS": json.dumps(self.spec.options)}
         proc = await asyncio.create_subprocess_exec(*self.spec.command, stdin=asyncio.subprocess.PIPE,
@@ -187,17 +189,30 @@ class Agents:
             return head + tok(text, add_special_tokens=False).input_ids, []
         said = tok.decode(e.ids[e.head:], skip_special_tokens=False)
         if not text.startswith(said):
-            # a completion's text never shows the stop tokens that ended the replies: the client could not
-            # send them back (they stay in the trajectory, where they were sampled)
-            stops, P = set(self.rollout.stops), e.prompt_len
-            said = tok.decode([t for k, t in enumerate(e.ids) if e.head <= k and
-                               (k < P or not (e.model[k - P] and t in stops))], skip_special_tokens=False)
+            # a reply's text never shows the special tokens it sampled (the stop token that ended it, above
+            # all): the client could not send them back, and they stay in the trajectory where they were sampled
+            said = self._client_view(e)
         if text.startswith(said):                              # the conversation so far, unchanged: extend it
             new = tok(text[len(said):], add_special_tokens=False).input_ids if len(text) > len(said) else []
             return e.ids + new, new
         e.mismatches += 1
         ids = head + tok(text, add_special_tokens=False).input_ids
         return ids, self._new_turns(e, msgs, body.get("tools"), text)
+
+    def _client_view(self, e: AgentEpisode) -> str:
+        """The conversation's text as the client has it: the sampled runs decoded as the replies were sent
+        (without special tokens), the rest (prompt, the client's own turns) as the tokens spell it."""
+        P, parts, run, sampled = e.prompt_len, [], [], None
+        for k in range(e.head, len(e.ids)):
+            flag = k >= P and bool(e.model[k - P])
+            if flag != sampled and run:
+                parts.append(self.tok.decode(run, skip_special_tokens=bool(sampled)))
+                run = []
+            sampled = flag
+            run.append(e.ids[k])
+        if run:
+            parts.append(self.tok.decode(run, skip_special_tokens=bool(sampled)))
+        return "".join(parts)
 
     def _new_turns(self, e: AgentEpisode, msgs, tools, text: str) -> list[int]:
         """After a divergence: the tokens of the turns after the agent's last assistant message, as the

@@ -46,8 +46,9 @@ class AgentSpec(Strict):
     result (a number, or JSON with ``reward``) as its last line of output."""
     options: dict[str, Any] = {}
     """Keyword arguments of ``entry`` (``OMNIGRAPH_AGENT_OPTIONS`` of ``command``)."""
-    concurrency: int = Field(64, ge=1, le=4_096)
-    """Agents running at once (each of a batch's samples is one agent run)."""
+    concurrency: int = Field(256, ge=1, le=4_096)
+    """Agents running at once (each of a batch's samples is one agent run; at least the batch's samples, so
+    that each turn of every agent is sampled in one batch)."""
     max_turns: int = Field(8, ge=1, le=1_000)
     """Requests one agent run may make; past it the endpoint answers with an error."""
     max_tokens: int = Field(512, ge=1, le=131_072)
