@@ -59,8 +59,8 @@ def side_by_side(tmp: Path, steps: int, repeats: int) -> dict:
     base = [f"schedule.iterations={steps}", "nodes.generate.eval_every=0", "nodes.generate.env.waves=1"]
     budget = og.load(MULTITURN).nodes["generate"].env.max_tokens
     agent = [f"schedule.iterations={steps}", "nodes.generate.eval_every=0", "nodes.generate.env=null",
-             f"nodes.generate.agent={{entry: '{AGENT}:solve', max_tokens: {budget}, batch_wait_s: 5}}"]
-    edited = agent[:-1] + [f"nodes.generate.agent={{entry: '{AGENT}:edited', max_tokens: {budget}, batch_wait_s: 5}}"]
+             f"nodes.generate.agent={{entry: '{AGENT}:solve', max_tokens: {budget}, batch_wait_s: 30}}"]
+    edited = agent[:-1] + [f"nodes.generate.agent={{entry: '{AGENT}:edited', max_tokens: {budget}, batch_wait_s: 30}}"]
     loop_s, agent_s, same, runs = [], [], True, {}
     for i in range(repeats):                       # alternate, so drifts of a shared machine fall on both
         runs["loop"] = one(tmp, f"loop{i}", base)
@@ -101,12 +101,12 @@ def learn(tmp: Path, steps: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats")
-    ap.add_argument("--steps", type=int, default=None, help="steps of each side-by-side run (12 quick, 30 full)")
+    ap.add_argument("--steps", type=int, default=None, help="steps of each side-by-side run (8 quick, 30 full)")
     ap.add_argument("--learn", action="store_true", help="also train SmolLM2's tool agent through vLLM")
     ap.add_argument("--learn-steps", type=int, default=20)
     record.add_arguments(ap)
     args = ap.parse_args()
-    steps = args.steps or (12 if args.quick else 30)
+    steps = args.steps or (8 if args.quick else 30)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
