@@ -20,7 +20,7 @@ from conftest import GRAPHS, ROOT
 
 HEAVY = {"torch", "transformers", "tokenizers", "peft", "vllm", "gguf", "safetensors", "matplotlib", "tensorboard",
          "wandb", "mlflow", "datasets", "reasoning_gym", "math_verify", "ray", "numba", "llvmlite", "omnigraph.transports.collectives", "omnigraph.transports.groups", "omnigraph.transports.pack",
-         "omnigraph.transports.delta", "fastapi", "uvicorn", "openai", "httpx", "nodes.rollout.agents",
+         "omnigraph.transports.delta", "fastapi", "uvicorn", "openai", "nodes.rollout.agents",
          "omnigraph.viz.plots", "omnigraph.viz.png", "omnigraph.viz.gantt"}
 """What may be imported inside a function: packages that take seconds to import (or are optional extras),
 and our modules that import them at their top, so that ``omnigraph check`` and synthetic graphs never pay."""

@@ -78,7 +78,6 @@ class Agents:
         self.endpoint = Endpoint(self, self.spec.host)
         self.stats: dict[str, float] = {}
         self.errors: list[str] = []
-        self.http = None
 
     # -- the agents' side (their event loop) --------------------------------------------------------------
     def base_url(self, e: AgentEpisode) -> str:
@@ -91,13 +90,12 @@ class Agents:
         task = self.task_of(e.prompt)
         if self.fn is not None:
             import openai
-            if self.http is None:           # one connection pool for every episode's client (made in this loop)
-                import httpx
-                self.http = httpx.AsyncClient(timeout=self.spec.timeout_s,
-                                              limits=httpx.Limits(max_connections=self.spec.concurrency))
             client = openai.AsyncOpenAI(base_url=self.base_url(e), api_key=self.key, max_retries=0,
-                                        timeout=self.spec.timeout_s, http_client=self.http)
-            return await self.fn(client, task, **self.spec.options)
+                                        timeout=self.spec.timeout_s)
+            try:
+                return await self.fn(client, task, **self.spec.options)
+            finally:
+                await client.close()
         env = {**os.environ, "OPENAI_BASE_URL": self.base_url(e), "OPENAI_API_KEY": self.key,
                "OMNIGRAPH_AGENT_OPTIONS": json.dumps(self.spec.options)}
         proc = await asyncio.create_subprocess_exec(*self.spec.command, stdin=asyncio.subprocess.PIPE,
