@@ -60,6 +60,11 @@ BENCHES: dict[str, tuple[str, str, list[tuple[str, str, float]]]] = {
         ("requeues", "requeues", 1), ("bit exact", "bit_exact", 1), ("groups lost", "groups_lost", 1),
         ("NaN guard", "nan_guard_fired", 1), ("RSS MB / 1000 steps", "rss_growth_mb_per_1000_steps", 1),
         ("wall s", "wall_s", 1)]),
+    "agent": ("`python bench/agent.py --quick`", "the same episodes through the agents' endpoint and the episode loop", [
+        ("loop s/step", "loop_s_per_step", 1), ("endpoint s/step", "agent_s_per_step", 1),
+        ("overhead", "endpoint_overhead", 1), ("same training", "same_training", 1), ("in flight", "max_in_flight", 1),
+        ("token gap", "token_exact_gap", 1), ("mismatch", "retokenize_mismatch", 1),
+        ("mismatch, edited", "retokenize_mismatch_edited", 1)]),
     "learn": ("`python bench/learn.py --quick`", "SmolLM2 through vLLM on a reasoning-gym task, held-out accuracy", [
         ("accuracy before", "eval_before", 1), ("accuracy after", "eval_after", 1), ("steps", "steps", 1),
         ("minutes", "minutes", 1)]),
