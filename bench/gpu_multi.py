@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ["NCCL_NVLS_ENABLE"] = "0"        # NVLink multicast stays off on shared hosts (KINDS.md)
+# NVLink multicast off: on hosts whose GPUs are shared or partitioned, NCCL's multicast set-up can hang
+os.environ["NCCL_NVLS_ENABLE"] = "0"
 
 CONTEXT = {"verl_3b_ms": {
     "value": 300.0, "bound": "upper",

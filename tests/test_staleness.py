@@ -1,4 +1,4 @@
-"""The static staleness proof, case by case (the numbers DESIGN.md promises)."""
+"""The static staleness proof, case by case (the bounds docs/concepts.md and docs/guides/schedules.md state)."""
 
 import pytest
 

@@ -42,7 +42,7 @@ from omnigraph.sdk.registry import load_dotted
 from nodes.rollout.agent_broker import AgentEpisode, AgentError, Broker, Call
 from nodes.rollout.agent_chat import message_key, parse_tool_calls, plain, render
 from nodes.rollout.agent_server import Endpoint
-from nodes.rollout.episodes import EventLoop
+from nodes.rollout.episodes import EventLoop, after_message
 from nodes.tasks.prompting import messages as prompt_messages
 
 
@@ -221,12 +221,8 @@ class Agents:
         if last is None:
             return []
         base = render(self.tok, msgs[:last + 1], tools, generation_prompt=False)
-        said = msgs[last]["content"]
-        at = base.rfind(said) + len(said) if said and said in base else len(base)
-        closing = base[at:]
-        eos = self.tok.eos_token or ""
-        if e.tokens and eos and closing.startswith(eos) and e.tokens[-1] in self.rollout.stops:
-            closing = closing[len(eos):]
+        stopped = bool(e.tokens) and e.tokens[-1] in self.rollout.stops
+        closing, _ = after_message(self.tok, base, msgs[last]["content"], stopped)
         delta = text[len(base):] if text.startswith(base) else ""
         return self.tok(closing + delta, add_special_tokens=False).input_ids
 

@@ -65,6 +65,18 @@ class EventLoop:
         return asyncio.run_coroutine_threadsafe(call(), self.loop)
 
 
+def after_message(tok, base: str, said: str, stopped: bool) -> tuple[str, int]:
+    """``(closing, at)``: what the chat template put after the model's last message ``said`` in ``base`` (the
+    rendered conversation), and where that message ends in it; without the end-of-sequence token when the
+    model ``stopped`` on it (it already wrote the end of its turn)."""
+    at = base.rfind(said) + len(said) if said and said in base else len(base)
+    closing = base[at:]
+    eos = tok.eos_token or ""
+    if stopped and eos and closing.startswith(eos):
+        closing = closing[len(eos):]
+    return closing, at
+
+
 @dataclass
 class Episode:
     prompt: Prompt
@@ -124,11 +136,7 @@ class Episodes:
         e.chat.append({"role": self.role, "content": text})
         full = tok.apply_chat_template(e.chat, add_generation_prompt=True, tokenize=False)
         said = e.chat[-2]["content"]
-        at = base.rfind(said) + len(said) if said and said in base else len(base)
-        closing = base[at:]                                      # what the template puts after the message
-        eos = tok.eos_token or ""
-        if e.stopped and eos and closing.startswith(eos):        # the model already wrote the end of its turn
-            closing = closing[len(eos):]
+        closing, at = after_message(tok, base, said, e.stopped)
         delta = full[len(base):] if full.startswith(base) else full[at:]
         return tok(closing + delta, add_special_tokens=False).input_ids
 

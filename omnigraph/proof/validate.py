@@ -18,36 +18,20 @@ plugin registry (:mod:`omnigraph.plugins`), never by backend names.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import networkx as nx
 
 from .. import plugins, transports
 from .delays import assign_delays
-from ..errors import GraphError, GraphErrors
+from ..errors import GraphError
 from .warnings import overlap_warnings
 from ..graph.ir import Edge, Graph, Node
 from ..graph.ports import ROLE, compatible, is_state, signature
 from .schedule import arrival
 from ..sdk import TRAINER_ROLES
 from ..graph.spec import GraphSpec
-
-
-class _Errors:
-    def __init__(self) -> None:
-        self.items: list[GraphError] = []
-
-    def add(self, message: str, where: str | None = None, fix: str | None = None) -> None:
-        self.items.append(GraphError(message, where=where, fix=fix))
-
-    def extend(self, error: GraphError) -> None:
-        self.items.extend(getattr(error, "errors", [error]))
-
-    def raise_if_any(self) -> None:
-        if len(self.items) == 1:
-            raise self.items[0]
-        if self.items:
-            raise GraphErrors(self.items)
+from .problems import Problems
+from .references import check_data, check_references
 
 
 def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
@@ -56,7 +40,7 @@ def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
     ``cluster`` (``{"cpus": n, "gpus": m}``) are the resources available; when given,
     the pools must fit in them.
     """
-    errors = _Errors()
+    errors = Problems()
     nodes = _nodes(spec, errors)
     edges = _edges(spec, nodes, errors)
     errors.raise_if_any()
@@ -70,9 +54,9 @@ def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
     _batch_arithmetic(spec, nodes, errors)
     _placement(spec, cluster, errors)
     _weights_paths(spec, nodes, edges, errors)
-    _references(spec, nodes, errors)
+    check_references(spec, nodes, errors)
     errors.raise_if_any()
-    data = _data(spec, errors)
+    data = check_data(spec, errors)
     errors.raise_if_any()
     graph = Graph(name=spec.name, spec=spec, nodes=nodes, edges=edges, topo=topo, data=data)
     graph.warnings.extend(overlap_warnings(graph))
@@ -86,7 +70,7 @@ def resolve(spec: GraphSpec, cluster: dict[str, float] | None = None) -> Graph:
 # ---------------------------------------------------------------- nodes and edges
 
 
-def _nodes(spec: GraphSpec, errors: _Errors) -> dict[str, Node]:
+def _nodes(spec: GraphSpec, errors: Problems) -> dict[str, Node]:
     nodes: dict[str, Node] = {}
     for name, ns in spec.nodes.items():
         if ns.pool not in spec.pools:
@@ -108,7 +92,7 @@ def _nodes(spec: GraphSpec, errors: _Errors) -> dict[str, Node]:
     return nodes
 
 
-def _edges(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> list[Edge]:
+def _edges(spec: GraphSpec, nodes: dict[str, Node], errors: Problems) -> list[Edge]:
     edges: list[Edge] = []
     taken: dict[tuple[str, str], str] = {}
     for i, es in enumerate(spec.edges):
@@ -144,7 +128,7 @@ def _edges(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> list[Edg
     return edges
 
 
-def _src_port(node: Node, port: str | None, where: str, errors: _Errors) -> str | None:
+def _src_port(node: Node, port: str | None, where: str, errors: Problems) -> str | None:
     if port is not None:
         if port not in node.outputs:
             errors.add(f"node '{node.name}' has no output '{port}' (outputs: {', '.join(node.outputs) or 'none'})",
@@ -158,7 +142,7 @@ def _src_port(node: Node, port: str | None, where: str, errors: _Errors) -> str 
     return next(iter(node.outputs))
 
 
-def _dst_port(node: Node, dst_port: str | None, src_type: str, where: str, errors: _Errors) -> str | None:
+def _dst_port(node: Node, dst_port: str | None, src_type: str, where: str, errors: Problems) -> str | None:
     if dst_port is not None:
         if dst_port not in node.inputs:
             errors.add(f"node '{node.name}' has no input '{dst_port}' (inputs: {', '.join(node.inputs) or 'none'})",
@@ -179,7 +163,7 @@ def _dst_port(node: Node, dst_port: str | None, src_type: str, where: str, error
     return None
 
 
-def _inputs_connected(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
+def _inputs_connected(nodes: dict[str, Node], edges: list[Edge], errors: Problems) -> None:
     connected = {(e.dst, e.dst_port) for e in edges}
     for n in nodes.values():
         for port, typ in n.inputs.items():
@@ -193,7 +177,7 @@ def _inputs_connected(nodes: dict[str, Node], edges: list[Edge], errors: _Errors
 # ---------------------------------------------------------------- structure
 
 
-def _structure(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
+def _structure(nodes: dict[str, Node], edges: list[Edge], errors: Problems) -> None:
     trainers = [n for n in nodes.values() if n.role == "trainer"]
     gens = [n for n in nodes.values() if n.role == "generator"]
     if len(trainers) != 1:
@@ -234,7 +218,7 @@ def _structure(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> No
                        where=f"nodes.{gen.name}", fix="route them through a node of kind sync: update -> sync -> generate")
 
 
-def _scored(update: Node, nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
+def _scored(update: Node, nodes: dict[str, Node], edges: list[Edge], errors: Problems) -> None:
     """A rollout may enter a logprob node unscored (a branch beside the reward), but what the update trains
     must have passed a scorer (or a custom node) on some branch: its advantages come from there."""
     stream = nx.DiGraph((e.src, e.dst) for e in edges if not e.state)
@@ -273,7 +257,7 @@ def _zero_delay_order(nodes: dict[str, Node], edges: list[Edge]) -> list[str]:
                          "or use schedule.mode sync/one_step_off/async to insert the delays")
 
 
-def _joins_aligned(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
+def _joins_aligned(nodes: dict[str, Node], edges: list[Edge], errors: Problems) -> None:
     depth = arrival(nodes, edges)
     for n in nodes.values():
         ins = [e for e in edges if e.dst == n.name and not e.state]
@@ -284,7 +268,7 @@ def _joins_aligned(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -
                            "inserted where rollout work hands over to trainer work, on every branch alike)")
 
 
-def _rates(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
+def _rates(nodes: dict[str, Node], edges: list[Edge], errors: Problems) -> None:
     for n in nodes.values():
         if n.every > 1:
             stream = [e for e in edges if e.dst == n.name and not e.state]
@@ -297,7 +281,7 @@ def _rates(nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
 # ---------------------------------------------------------------- batch, placement, references
 
 
-def _batch_arithmetic(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
+def _batch_arithmetic(spec: GraphSpec, nodes: dict[str, Node], errors: Problems) -> None:
     t = spec.task
     samples = t.prompts * t.samples_per_prompt
     for n in nodes.values():
@@ -319,7 +303,7 @@ def _batch_arithmetic(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) 
                            where=f"nodes.{n.name}.mini_batch_size", fix=f"use a multiple of {actors}")
 
 
-def _placement(spec: GraphSpec, cluster: dict[str, float] | None, errors: _Errors) -> None:
+def _placement(spec: GraphSpec, cluster: dict[str, float] | None, errors: Problems) -> None:
     for name, p in spec.pools.items():
         if p.gpus > 1 and not float(p.gpus).is_integer():
             errors.add(f"{p.gpus} GPUs per actor: more than one GPU must be a whole number",
@@ -341,7 +325,7 @@ def _placement(spec: GraphSpec, cluster: dict[str, float] | None, errors: _Error
                        where="pools", fix=f"lower pools.*.{res} or actors, or join a larger cluster (--address)")
 
 
-def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], edges: list[Edge], errors: _Errors) -> None:
+def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], edges: list[Edge], errors: Problems) -> None:
     """Every exporter's weights path, and every data edge's path, can be had (the plan asks
     :func:`omnigraph.transports.choose` and :func:`~omnigraph.transports.choose_data` again)."""
     for n in nodes.values():
@@ -363,114 +347,3 @@ def _weights_paths(spec: GraphSpec, nodes: dict[str, Node], edges: list[Edge], e
                 transports.choose_data(spec, e.transport, spec.edges[e.index].arrow)
             except GraphError as err:
                 errors.extend(err)
-
-
-def _references(spec: GraphSpec, nodes: dict[str, Node], errors: _Errors) -> None:
-    """What the graph names by string: backends, the task, reward functions, custom classes, loggers, the model."""
-    uses_model = []
-    for n in nodes.values():
-        if n.kind == "custom":
-            _resolvable(lambda: plugins.load_dotted(n.spec.cls), f"nodes.{n.name}.cls", errors)
-            continue
-        try:
-            b = plugins.backend(n.kind, n.backend, where=f"nodes.{n.name}.backend")
-        except GraphError as e:
-            errors.extend(e)
-            continue
-        opts, problems = plugins.typed_options(b, n.spec.options, f"nodes.{n.name}.options",
-                                               kind=f"{n.kind} backend {n.backend}")
-        for problem in problems:
-            errors.extend(problem)
-        object.__setattr__(n, "backend_options", opts)       # the IR node is frozen; set once, here
-        env = getattr(n.spec, "env", None)
-        if env is not None:
-            try:
-                cls = plugins.named_or_dotted("environments", env.name, where=f"nodes.{n.name}.env.name")
-            except GraphError:
-                pass                                            # the backend's check names it
-            else:
-                for problem in plugins.typed_options(cls, env.options, f"nodes.{n.name}.env.options",
-                                                     kind=f"environment {env.name}", call=cls,
-                                                     passed=frozenset({"prompt"}))[1]:
-                    errors.extend(problem)
-        if getattr(n.spec, "agent", None) is not None and "agents" not in b.capabilities:
-            errors.add(f"backend {n.backend} cannot serve agents (no 'agents' capability)",
-                       where=f"nodes.{n.name}.agent", fix="use a token generator that can (hf, vllm), or remove agent")
-        if b.uses_model:
-            uses_model.append(n)
-        if getattr(n.spec, "partial", None) is not None:
-            _partial(spec, n, b, errors)
-        if n.pool in spec.pools and spec.pools[n.pool].sharding != "none" and not b.sharded:
-            errors.add(f"node {n.name} (backend {n.backend}) cannot run on a sharded pool",
-                       where=f"pools.{n.pool}.sharding", fix=f"set pools.{n.pool}.sharding: none, or move "
-                       f"{n.name} to another pool (a sharded pool holds the torch trainer and its nodes)")
-        for problem in (b.check(n.name, n.spec, spec) if b.check else []):   # the backend's own rules
-            errors.add(problem.message, where=problem.where, fix=problem.fix)
-    try:
-        ref, factory, _ = plugins.task_factory(spec)
-        if spec.task.source is None:          # a source is read by _data, after everything else is known sound
-            plugins.task_arguments(spec, factory, ref)
-    except GraphError as e:
-        errors.extend(e)
-    for name in spec.runtime.logger_options:
-        if name not in spec.runtime.loggers:
-            errors.add(f"options for logger '{name}', which runtime.loggers does not list",
-                       where=f"runtime.logger_options.{name}", fix=f"add {name} to runtime.loggers, or remove them")
-    for name in spec.runtime.loggers:
-        try:
-            cls = plugins.load("loggers", name, where="runtime.loggers")
-            need = getattr(cls, "missing", lambda: None)()
-        except GraphError as e:
-            errors.extend(e)
-            continue
-        for problem in plugins.typed_options(cls, spec.runtime.logger_options.get(name), f"runtime.logger_options.{name}",
-                                             kind=f"logger {name}", call=cls,
-                                             passed=frozenset({"run_dir", "start_step"}))[1]:
-            errors.extend(problem)
-        if need:
-            errors.add(f"logger '{name}' needs the {need} package, which is not installed", where="runtime.loggers",
-                       fix=f"pip install {need} (or pip install -e '.[{name}]'), or remove {name} from runtime.loggers")
-    path = spec.model.path
-    if uses_model and not plugins.has("models", path) and not Path(path).expanduser().is_dir():
-        errors.add(f"model directory '{path}' does not exist (node '{uses_model[0].name}' uses backend "
-                   f"{uses_model[0].backend})", where="model.path",
-                   fix=f"use one of {', '.join(plugins.names('models'))} or a local Hugging Face model directory")
-
-
-def _data(spec: GraphSpec, errors: _Errors) -> dict | None:
-    """Prompts from data are read now: a missing file, field or split, or too few rows for the run's
-    iterations, is an error before anything starts."""
-    if spec.task.source is None:
-        return None
-    try:
-        task = plugins.make_task(spec)
-    except GraphError as e:
-        errors.extend(e)
-        return None
-    available = task.steps_available()
-    if available is not None and available < spec.schedule.iterations:
-        errors.add(f"{spec.schedule.iterations} iterations need {spec.schedule.iterations * spec.task.prompts} "
-                   f"prompts but {spec.task.epochs} epoch(s) of {task.describe()['rows']} rows give "
-                   f"{available} steps", where="task.epochs",
-                   fix=f"raise task.epochs, or set schedule.iterations <= {available}")
-    return task.describe()
-
-
-def _partial(spec: GraphSpec, n: Node, backend, errors: _Errors) -> None:
-    """Partial rollouts need a generator that carries samples, and a schedule that never regenerates."""
-    where = f"nodes.{n.name}.partial"
-    if not backend.partial:
-        errors.add(f"backend {n.backend} cannot carry unfinished samples to the next firing", where=where,
-                   fix="use backend hf or vllm, or remove partial")
-    if spec.schedule.on_stale == "wait":
-        errors.add("on_stale: wait regenerates whole batches from their prompts, which would drop the tokens that "
-                   "partial rollouts carry", where="schedule.on_stale",
-                   fix=f"raise schedule.max_staleness to the bound `omnigraph check` prints (it includes "
-                       f"max_spans - 1 = {n.spans - 1}), or set on_stale: drop")
-
-
-def _resolvable(load, where: str, errors: _Errors) -> None:
-    try:
-        load()
-    except GraphError as e:
-        errors.add(e.message, where=where, fix=e.fix)

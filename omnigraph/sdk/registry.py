@@ -33,8 +33,7 @@ def table(group: str) -> dict[str, EntryPoint]:
 def load_dotted(ref: str) -> Any:
     """``package.module:attr`` (or ``path/to/file.py:attr``) -> the attribute; LookupError saying what is wrong
     if it cannot be found."""
-    module, sep, attr = ref.rpartition(":") if ref.partition(":")[0].endswith(".py") or ".py:" in ref \
-        else ref.partition(":")
+    module, sep, attr = ref.rpartition(":") if ".py:" in ref else ref.partition(":")   # a file path may hold ":"
     if not sep or not module or not attr:
         raise LookupError(f"'{ref}' is not a dotted path")
     try:

@@ -1,6 +1,6 @@
 """The ``ray`` executor: the plan compiled into one Ray Compiled Graph.
 
-One execution of the compiled graph is one step. Lowering (DESIGN.md):
+One execution of the compiled graph is one step. Lowering (docs/architecture.md):
 
 - each operation of the program becomes ``actor.exec.bind(inp, op_id, chain, *producers)``;
   ``chain`` (the previous operation on the same actor) pins each actor's order;
@@ -36,7 +36,8 @@ from ray.dag import InputNode, MultiOutputNode
 from ...errors import GraphError
 from ..base import StepResult
 from .adapter import compiled_dag_closed, quiet_compiled_dag
-from .common import IN_FLIGHT, VANISHED, RayExecutor
+from .common import IN_FLIGHT, RayExecutor
+from .failures import VANISHED
 
 
 class RayCompiledExecutor(RayExecutor):
