@@ -93,3 +93,11 @@ async def probes(client: openai.AsyncOpenAI, task: dict, **options) -> dict:
         await wrong.close()
     return {"reward": 1.0, **seen}
 
+
+
+async def stops_early_or_late(client: openai.AsyncOpenAI, task: dict, **options) -> float:
+    """One request or two, by the task's row: agents of one batch that end after different turns."""
+    turns = 1 + int(task["target"]) % 2
+    for _ in range(turns):
+        await client.completions.create(model="policy", prompt=task["prompt"], max_tokens=4)
+    return 0.0

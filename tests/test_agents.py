@@ -89,6 +89,18 @@ def test_an_agent_playing_an_environment_samples_and_trains_what_the_environment
     assert [m["episode"]["reward"] for m in want.fields["meta"]] == [m["episode"]["reward"] for m in got.fields["meta"]]
 
 
+def test_a_batch_does_not_wait_for_agents_that_finished():
+    """Agents that end after one turn or two: once an agent has its last reply, the next batch waits only for
+    the agents still running (not ``batch_wait_s`` for a request that will not come)."""
+    spec, gen, _ = generator("{entry: 'agent_programs:stops_early_or_late', max_tokens: 16, batch_wait_s: 10}")
+    targets = [int(p.meta["target"]) % 2 for p in prompts(spec, 0)]
+    assert 0 < sum(targets) < len(targets)                 # both kinds in the batch
+    t0 = time.perf_counter()
+    run(spec, gen)
+    assert gen.agents.stats["agent_batches"] == 2
+    assert time.perf_counter() - t0 < 5, "a batch waited for an agent that had finished"
+
+
 def test_an_agent_that_tidies_the_replies_it_sends_back_is_counted_as_diverging():
     spec = og.load(GRAPHS / "grpo_multiturn.yaml", [
         "task.prompts=2", "nodes.generate.env=null", f"nodes.generate.agent={{entry: '{COPY_CHAIN}:edited'}}"])
@@ -179,6 +191,7 @@ def test_drop_masks_a_failed_agents_tokens():
      "an agent drives its own turns"),
     ("nodes.generate.agent={entry: 'no_such_module:fn'}", "nodes.generate.agent.entry", "cannot load the agent"),
     ("nodes.generate.agent={entry: 'a:b', command: [x]}", "nodes.generate.agent", "exactly one of entry"),
+    ("nodes.generate.agent={entry: 'a:b', batch_wait_s: 30}", "nodes.generate.agent.batch_wait_s", "less than or equal"),
 ])
 def test_check_refuses_an_agent_it_cannot_run(override, where, says):
     graph = "smollm2_calculator.yaml" if "copy_twice" in override else "grpo_one_step_off.yaml"

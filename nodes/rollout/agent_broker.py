@@ -76,10 +76,18 @@ class Broker:
         self.calls: list[Call] = []
         self.episodes: dict[str, AgentEpisode] = {}
         self.first_at: float | None = None
+        self.unfinished, self.concurrency = 0, 1
 
-    def open(self, episodes: list[AgentEpisode]) -> None:
+    @property
+    def active(self) -> int:
+        """The requests a full batch holds: one per agent running or about to (the episodes not finished,
+        at most ``concurrency``: an agent waiting for a slot starts as soon as one ends)."""
+        return min(self.unfinished, self.concurrency)
+
+    def open(self, episodes: list[AgentEpisode], concurrency: int) -> None:
         with self.cond:
             self.episodes = {e.eid: e for e in episodes}
+            self.unfinished, self.concurrency = len(episodes), concurrency
 
     def episode(self, eid: str) -> AgentEpisode:
         e = self.episodes.get(eid)
@@ -87,6 +95,12 @@ class Broker:
             raise AgentError(404, f"no running episode '{eid[:40]}' at this endpoint (its agent run ended, or the "
                                   "base URL is not the one it was given)", "not_found_error")
         return e
+
+    def leave(self) -> None:
+        """An agent finished: a batch no longer waits for its request."""
+        with self.cond:
+            self.unfinished -= 1
+            self.cond.notify_all()
 
     def submit(self, call: Call, limit: int) -> concurrent.futures.Future:
         with self.cond:
@@ -98,16 +112,17 @@ class Broker:
             self.cond.notify_all()
         return call.future
 
-    def take(self, waiting_for: int, wait_s: float, poll_s: float = 0.01) -> list[Call]:
-        """The queued calls, once ``waiting_for`` are queued or ``wait_s`` passed since the first; [] after
-        ``poll_s`` with none queued (the caller checks whether its agents are still running)."""
+    def take(self, wait_s: float, poll_s: float = 0.01) -> list[Call]:
+        """The queued calls, once every running agent has one queued (:attr:`active`, counted down as they
+        finish, so an agent that just got its last reply is not waited for) or ``wait_s`` passed since the first;
+        [] after ``poll_s`` with none queued (the caller checks whether its agents are still running)."""
         with self.cond:
             deadline = time.perf_counter() + poll_s
             while not self.calls and time.perf_counter() < deadline:
                 self.cond.wait(timeout=max(0.0, deadline - time.perf_counter()))
             if not self.calls:
                 return []
-            while len(self.calls) < waiting_for and time.perf_counter() < self.first_at + wait_s:
+            while len(self.calls) < self.active and time.perf_counter() < self.first_at + wait_s:
                 self.cond.wait(timeout=max(1e-4, self.first_at + wait_s - time.perf_counter()))
             out, self.calls, self.first_at = self.calls, [], None
             return out

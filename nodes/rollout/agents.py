@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import signal
+import ssl
 import sys
 import time
 import traceback
@@ -78,6 +79,7 @@ class Agents:
         self.endpoint = Endpoint(self, self.spec.host)
         self.stats: dict[str, float] = {}
         self.errors: list[str] = []
+        self.tls: ssl.SSLContext | None = None
 
     # -- the agents' side (their event loop) --------------------------------------------------------------
     def base_url(self, e: AgentEpisode) -> str:
@@ -90,8 +92,13 @@ class Agents:
         task = self.task_of(e.prompt)
         if self.fn is not None:
             import openai
+            if self.tls is None:
+                self.tls = ssl.create_default_context()
+            # one TLS context for every episode's client: building one loads the CA bundle (~40 ms a client,
+            # most of an episode's cost on a small model), though the endpoint speaks plain HTTP
             client = openai.AsyncOpenAI(base_url=self.base_url(e), api_key=self.key, max_retries=0,
-                                        timeout=self.spec.timeout_s)
+                                        timeout=self.spec.timeout_s,
+                                        http_client=openai.DefaultAsyncHttpxClient(verify=self.tls))
             try:
                 return await self.fn(client, task, **self.spec.options)
             finally:
@@ -132,6 +139,8 @@ class Agents:
                 e.status = "error"
                 e.info["error"] = f"{type(err).__name__}: {err}"
                 self.errors.append(f"episode {e.eid} ({e.prompt.text[:60]!r}):\n{traceback.format_exc()}")
+            finally:
+                self.broker.leave()
 
     async def _all(self, eps: list[AgentEpisode]) -> None:
         sem = asyncio.Semaphore(self.spec.concurrency)
@@ -140,14 +149,13 @@ class Agents:
     # -- the rollout's side (its thread) --------------------------------------------------------------------
     def run(self, prompts: list[Prompt], n: int, *, greedy: bool, seed: int) -> tuple[dict, list[AgentEpisode]]:
         eps = [AgentEpisode(p, uuid.uuid4().hex, i * n + j) for i, p in enumerate(prompts) for j in range(n)]
-        self.broker.open(eps)
+        self.broker.open(eps, self.spec.concurrency)
         self.errors = []
         t0 = time.perf_counter()
         done = asyncio.run_coroutine_threadsafe(self._all(eps), self.loop.loop)
         served, batches, rows_max, gen_s = 0, 0, 0, 0.0
         while True:
-            running = sum(e.status == "running" for e in eps)
-            calls = self.broker.take(min(running, self.spec.concurrency), self.spec.batch_wait_s)
+            calls = self.broker.take(self.spec.batch_wait_s)
             if calls:
                 t1 = time.perf_counter()
                 rows = self._serve(calls, greedy, (seed + 7919 * batches) % 2**31)

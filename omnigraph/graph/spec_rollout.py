@@ -67,7 +67,7 @@ class AgentSpec(Strict):
     """Largest request body the endpoint reads."""
     max_n: int = Field(4, ge=1, le=64)
     """Largest ``n`` (choices per request) the endpoint samples."""
-    batch_wait_s: Seconds = Field(0.1, ge=0, le=10)
+    batch_wait_s: float = Field(0.1, ge=0, le=10)
     """How long the endpoint waits for more requests before it samples the ones it has as one batch (it
     samples at once when every running agent is waiting for a reply)."""
 
