@@ -120,6 +120,31 @@ def test_an_agent_that_edits_its_history_is_counted_and_still_trains_what_was_sa
     assert trained > 0 and agents.stats["agent_requests"] == 2 * n
 
 
+def test_split_makes_a_sample_of_each_context_the_policy_sampled_from():
+    """``on_divergence: split``: the edited history starts a second sample from the request as sent; each
+    sample trains one reply, from the context it was sampled in; the two share the episode's advantage."""
+    from nodes.rewards.scorer import episodes_of, grpo_advantages
+    spec, gen, _ = generator("{entry: 'agent_programs:edits_history', max_tokens: 48, on_divergence: split}")
+    batch, agents = run(spec, gen)
+    n = spec.task.prompts * spec.task.samples_per_prompt
+    assert len(batch) == 2 * n and agents.stats["agent_samples_per_episode"] == 2
+    f, P = batch.fields, batch.meta["prompt_len"]
+    index = [m["episode"]["index"] for m in f["meta"]]
+    assert index == [i for i in range(n) for _ in range(2)]
+    assert batch.group_ids[0::2] == batch.group_ids[1::2]
+    for i in range(0, 2 * n, 2):
+        first, second = f["input_ids"][i], f["input_ids"][i + 1]
+        reply = first[P:][f["response_mask"][i] > 0].tolist()
+        context = gen.tok.decode(second[:P][f["attention_mask"][i + 1][:P] > 0])
+        assert reply and "7" + gen.tok.decode(reply, skip_special_tokens=True) in context   # the edited history
+        assert f["response_mask"][i + 1].sum() > 0
+        # the second sample's region holds only its own reply: nothing of the agent's turns
+        assert f["response_mask"][i + 1][:int(f["attention_mask"][i + 1][P:].sum())].all()
+    rewards = [float(i % 4 == 3) for i in range(2 * n)]       # scored on each episode's last sample
+    adv = grpo_advantages(rewards, batch.group_ids, False, episodes_of(batch))
+    assert adv[0::2] == adv[1::2] and any(adv)
+
+
 def test_the_endpoint_serves_what_clients_send_and_refuses_the_rest_in_openais_shape():
     spec, gen, _ = generator("{entry: 'agent_programs:probes', max_tokens: 64, max_n: 2}", "task.prompts=1",
                              "task.samples_per_prompt=1")

@@ -17,9 +17,9 @@ of ``MathTask`` whose ``@vf.reward`` is 1.0 when the final answer (``<answer>N</
 number) is the row's ``target``, bundled with its harness, ``CalculatorHarness``: the agent loop, offering the
 model the calculator of ``calculator.py`` (beside this file) through the OpenAI ``tools`` API. verifiers puts
 its interception server between the loop and the endpoint, so every turn lands on the trace, capped by the
-agent's ``max_turns`` and with ``max_tokens`` imposed. The loop runs in this process: verifiers' own
-harnesses (``null``, ``bash``) fetch ``uv`` and their packages from PyPI at run time and stream, and a v1
-task's tools are MCP servers (``vf.Toolset``) in a process of their own.
+agent's ``max_turns`` and with ``max_tokens`` imposed. The loop runs in this process, with no network but
+the endpoint: verifiers' own harnesses (``null``, ``bash``) fetch ``uv`` and packages from PyPI at run time,
+and a v1 task's tools are MCP servers (``vf.Toolset``) of their own.
 """
 
 from __future__ import annotations
@@ -49,10 +49,6 @@ class MathTask(vf.Task[MathData]):
     async def correct(self, trace: vf.Trace) -> float:
         return float(final_answer(trace.last_reply) == self.data.target)
 
-    @vf.metric
-    async def tool_calls(self, trace: vf.Trace) -> float:
-        return float(len(trace.tool_messages))
-
 
 class MathConfig(vf.TasksetConfig):
     row: dict = {}
@@ -62,7 +58,8 @@ class MathConfig(vf.TasksetConfig):
 class MathTaskset(vf.Taskset[MathTask, MathConfig]):
     def load(self):
         row = self.config.row
-        yield MathTask(MathData(prompt=row["prompt"], system_prompt=SYSTEM, target=str(row["target"]).strip()),
+        prompt = row.get("prompt") or row["messages"][-1]["content"]
+        yield MathTask(MathData(prompt=prompt, system_prompt=SYSTEM, target=str(row["target"]).strip()),
                        self.config.task)
 
 
@@ -74,20 +71,20 @@ class CalculatorHarness(vf.Harness[vf.HarnessConfig]):
         system, prompt = self.resolve_text_prompt(data)
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": prompt})
-        client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
-        while True:  # ended by a reply without a call, or by the interception refusing a turn past max_turns
-            message = (await client.chat.completions.create(model=ctx.model, messages=messages, tools=TOOLS)
-                       ).choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls:
-                return vf.ProgramResult(exit_code=0, stdout="", stderr="")
-            for call in message.tool_calls:
-                try:
-                    arguments = json.loads(call.function.arguments or "{}")
-                except ValueError:
-                    arguments = {}
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": calculator(arguments if isinstance(arguments, dict) else {})})
+        async with AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0) as client:
+            while True:  # ended by a reply without a call, or by the interception refusing a turn past max_turns
+                message = (await client.chat.completions.create(model=ctx.model, messages=messages, tools=TOOLS)
+                           ).choices[0].message
+                messages.append(message.model_dump(exclude_none=True))
+                if not message.tool_calls:
+                    return vf.ProgramResult(exit_code=0, stdout="", stderr="")
+                for call in message.tool_calls:
+                    try:
+                        arguments = json.loads(call.function.arguments or "{}")
+                    except ValueError:
+                        arguments = {}
+                    messages.append({"role": "tool", "tool_call_id": call.id,
+                                     "content": calculator(arguments if isinstance(arguments, dict) else {})})
 
 
 async def play(row: dict, options: dict) -> dict:
@@ -100,19 +97,21 @@ async def play(row: dict, options: dict) -> dict:
                           sampling=vf.SamplingConfig(max_tokens=options.get("max_tokens", 48)))
     async with env.serving():
         episode = await env.run_episode(next(iter(env.taskset)), ctx)
-    trace = episode.traces[-1] if episode.traces else None
-    errors = [e.message for e in episode.errors] + [e.message for e in (trace.errors if trace else [])]
-    return {"reward": trace.reward if trace and trace.ok else 0.0,
-            "turns": trace.num_turns if trace else 0,
-            "tool_calls": int(trace.metrics.get("tool_calls") or 0) if trace else 0,
-            "answer": final_answer(trace.last_reply) if trace else "",
-            "stop": trace.stop_condition if trace else None, "errors": errors}
+    if not episode.traces:  # the episode failed before its agent ran
+        return {"reward": 0.0, "errors": [e.message for e in episode.errors]}
+    trace = episode.traces[-1]
+    return {"reward": trace.reward, "turns": trace.num_turns, "tool_calls": len(trace.tool_messages),
+            "answer": final_answer(trace.last_reply), "stop": trace.stop_condition,
+            "errors": [e.message for e in [*episode.errors, *trace.errors]]}
 
 
 def main() -> None:
     row = json.load(sys.stdin)
     options = json.loads(os.environ.get("OMNIGRAPH_AGENT_OPTIONS") or "{}")
-    print(json.dumps(asyncio.run(play(row, options))))
+    result = asyncio.run(play(row, options))
+    print(json.dumps(result))
+    if result["errors"]:  # a failed rollout (endpoint down, ...) is an error for omnigraph, not a reward of 0
+        sys.exit("verifiers rollout failed: " + "; ".join(result["errors"]))
 
 
 if __name__ == "__main__":

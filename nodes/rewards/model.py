@@ -36,7 +36,7 @@ from pathlib import Path
 from omnigraph.sdk import ConfigError, NodeContext, SampleBatch, load
 from omnigraph.sdk.registry import table
 
-from nodes.rewards.scorer import checked, grpo_advantages, sample_meta
+from nodes.rewards.scorer import checked, episodes_of, grpo_advantages, sample_meta
 
 
 def model_dir(name: str, seed: int, log=print) -> Path:
@@ -91,7 +91,7 @@ class RewardModel:
         logs = {"rm_s": time.perf_counter() - t0}
         rewards, checks = checked(self.ctx, step, rewards)      # a NaN score: the update skips the step
         logs.update(checks)
-        adv = grpo_advantages(rewards, rollout.group_ids, self.options.normalize_std)
+        adv = grpo_advantages(rewards, rollout.group_ids, self.options.normalize_std, episodes_of(rollout))
         if self.gold is not None:
             gold = self._gold(f["prompt"], f["completion"], [sample_meta(f, i) for i in range(len(rollout))])
             logs["gold_reward_mean"] = sum(gold) / max(len(gold), 1)

@@ -52,21 +52,41 @@ def checked(ctx: NodeContext, step: int, rewards: list[float]) -> tuple[list[flo
                      "reward_std": math.sqrt(sum((r - mean) ** 2 for r in ok) / max(len(ok), 1))}
 
 
-def grpo_advantages(rewards: list[float], groups: list[int], normalize_std: bool = True) -> list[float]:
+def grpo_advantages(rewards: list[float], groups: list[int], normalize_std: bool = True,
+                    episodes: list | None = None) -> list[float]:
+    """Each sample's reward less its group's mean (over its group's std with ``normalize_std``).
+
+    ``episodes``: which episode each sample belongs to, where one episode gave several samples (an agent's,
+    split at a divergence): the episode counts once in its group, by its last sample's reward, and each of its
+    samples gets the episode's advantage.
+
+    >>> grpo_advantages([1.0, 0.0], [7, 7], normalize_std=False)
+    [0.5, -0.5]
+    >>> grpo_advantages([0.0, 1.0, 0.0], [7, 7, 7], normalize_std=False, episodes=[0, 0, 1])
+    [0.5, 0.5, -0.5]
+    """
+    keys = [(g, e) for g, e in zip(groups, episodes)] if episodes is not None else list(enumerate(groups))
+    final = dict(zip(keys, rewards))                       # an episode's last sample's reward
     by_group: dict[int, list[float]] = defaultdict(list)
-    for r, g in zip(rewards, groups):
-        by_group[g].append(r)
+    for key, r in final.items():
+        by_group[key[0] if episodes is not None else groups[key[0]]].append(r)
     stats = {}
     for g, rs in by_group.items():
         mean = sum(rs) / len(rs)
         std = math.sqrt(sum((r - mean) ** 2 for r in rs) / max(len(rs) - 1, 1)) if len(rs) > 1 else 0.0
         stats[g] = (mean, std)
     out = []
-    for r, g in zip(rewards, groups):
+    for key, g in zip(keys, groups):
         mean, std = stats[g]
-        a = r - mean
+        a = final[key] - mean
         out.append(a / (std + 1e-6) if normalize_std else a)
     return out
+
+
+def episodes_of(batch) -> list | None:
+    """The episode of each sample where an agent rollout split one into several (else None)."""
+    ids = [(m.get("episode") or {}).get("index") if isinstance(m, dict) else None for m in batch.fields.get("meta") or []]
+    return ids if ids and None not in ids and len(set(zip(batch.group_ids, ids))) < len(ids) else None
 
 
 class Reward:
@@ -89,7 +109,7 @@ class Reward:
             metas = [sample_meta(f, i) for i in range(len(rollout))]
             rewards = [self._score(p, c, m) for p, c, m in zip(f["prompt"], f["completion"], metas)]
         rewards, logs = checked(self.ctx, step, rewards)
-        adv = grpo_advantages(rewards, rollout.group_ids, self.options.normalize_std)
+        adv = grpo_advantages(rewards, rollout.group_ids, self.options.normalize_std, episodes_of(rollout))
         ev = rollout.meta.pop("eval", None)
         if ev is not None and self.fn is not None:
             scores = [self._score(p, c, sample_meta(ev, i)) for i, (p, c) in enumerate(zip(ev["prompt"], ev["completion"]))]

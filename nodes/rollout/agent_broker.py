@@ -42,6 +42,7 @@ class AgentEpisode:
     status: str = "running"            # running, done, timeout, error
     truncated: bool = False
     last: str = ""
+    segments: list[tuple] = field(default_factory=list)    # with on_divergence: split, the samples it closed
 
     def add(self, tokens: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
         self.tokens += tokens
@@ -49,8 +50,19 @@ class AgentEpisode:
         self.model += [1.0 if trained else 0.0] * len(tokens)
         self.logprob += logprobs if logprobs is not None else [0.0] * len(tokens)
 
+    def split(self, ids: list[int]) -> None:
+        """Close the sample so far (``on_divergence: split``) and start another from ``ids``, the prompt of the
+        request that diverged."""
+        self.segments.append((self.ids[:self.prompt_len], self.tokens, self.model, self.logprob, self.last))
+        self.ids, self.prompt_len = list(ids), len(ids)
+        self.tokens, self.model, self.logprob = [], [], []
+
+    def samples(self) -> list[tuple]:
+        """``(prompt ids, tokens, trained flags, logprobs, last reply)`` of each sample of the episode, in order."""
+        return [*self.segments, ((self.ids or [])[:self.prompt_len], self.tokens, self.model, self.logprob, self.last)]
+
     def record(self) -> dict[str, Any]:
-        return {"reward": self.reward, "turns": self.requests, "tool_calls": self.tool_calls,
+        return {"index": self.index, "reward": self.reward, "turns": self.requests, "tool_calls": self.tool_calls,
                 "done": self.status == "done", "truncated": self.truncated, "status": self.status,
                 "retokenize_mismatch": self.mismatches, "info": dict(self.info)}
 

@@ -175,12 +175,13 @@ class Agents:
                       "retokenize_mismatch": sum(e.mismatches for e in eps),
                       "agent_timeouts": sum(e.status == "timeout" for e in eps),
                       "agent_errors": sum(e.status == "error" for e in eps),
-                      "episodes_truncated": sum(e.truncated for e in eps) / len(eps)}
-        return self._batch(eps), eps
+                      "episodes_truncated": sum(e.truncated for e in eps) / len(eps),
+                      "agent_samples_per_episode": sum(len(e.samples()) for e in eps) / len(eps)}
+        return self._batch(eps)
 
     def _prompt(self, e: AgentEpisode, call: Call) -> tuple[list[int], list[int]]:
         """``(sample_from, append)``: the tokens to sample the reply from, and those the trajectory gains
-        before the reply (the agent's new turns; untrained)."""
+        before the reply (the agent's new turns; untrained); ``append`` is None where the episode splits."""
         tok, body = self.tok, call.body
         if call.kind == "chat":
             msgs = plain(body["messages"], e.sampled)
@@ -203,6 +204,8 @@ class Agents:
             return e.ids + new, new
         e.mismatches += 1
         ids = head + tok(text, add_special_tokens=False).input_ids
+        if self.spec.on_divergence == "split":
+            return ids, None                                   # the caller starts a new sample from ids
         return ids, self._new_turns(e, msgs, body.get("tools"), text)
 
     def _client_view(self, e: AgentEpisode) -> str:
@@ -251,11 +254,14 @@ class Agents:
             except Exception as err:  # noqa: BLE001 - a template that cannot render these messages
                 c.future.set_exception(AgentError(400, f"cannot render the request: {type(err).__name__}: {err}"))
                 continue
+            if new is None:
+                e.split(ids)
+                new = []
             room = spec.max_tokens - len(e.tokens) - len(new)
             e.requests += 1
             if e.ids is None:
                 e.ids, e.prompt_len = list(ids), len(ids)
-            else:
+            elif new:
                 e.add(new[:max(0, spec.max_tokens - len(e.tokens))], trained=False)
             cap = min(c.max_tokens or r.options.max_new_tokens, r.options.max_new_tokens, room)
             if cap <= 0:
@@ -306,27 +312,30 @@ class Agents:
         e.last = first["text"]
         return {"choices": out, "prompt_tokens": prompt_tokens, "version": self.rollout.version}
 
-    def _batch(self, eps: list[AgentEpisode]) -> dict:
-        """The episodes as one sample dict (the fields of ``Rollout.sample``)."""
+    def _batch(self, eps: list[AgentEpisode]) -> tuple[dict, list[AgentEpisode]]:
+        """The episodes' samples as one sample dict (the fields of ``Rollout.sample``), and the episode of each
+        row: one sample per episode, more where ``on_divergence: split`` split one."""
         pad, C = self.tok.pad_token_id, self.spec.max_tokens
-        P = max(max(e.prompt_len for e in eps), 1)
-        B = len(eps)
+        rows = [(e, s) for e in eps for s in e.samples()]
+        P = max(max(len(s[0]) for _, s in rows), 1)
+        B = len(rows)
         ids = torch.full((B, P + C), pad, dtype=torch.long)
         mask = torch.zeros((B, P + C), dtype=torch.long)
         trained, lp = torch.zeros((B, C)), torch.zeros((B, C))
-        for i, e in enumerate(eps):
-            prompt = (e.ids or [pad])[:max(e.prompt_len, 1)]
+        for i, (e, (prompt, tokens, model, logprob, _)) in enumerate(rows):
+            prompt = prompt or [pad]
             ids[i, P - len(prompt):P] = torch.tensor(prompt)
             mask[i, P - len(prompt):P] = 1
-            t = min(len(e.tokens), C)
+            t = min(len(tokens), C)
             if t:
-                ids[i, P:P + t] = torch.tensor(e.tokens[:t])
+                ids[i, P:P + t] = torch.tensor(tokens[:t])
                 mask[i, P:P + t] = 1
                 if not (e.status in ("timeout", "error") and self.spec.on_timeout == "drop"):
-                    trained[i, :t] = torch.tensor(e.model[:t])
-                lp[i, :t] = torch.tensor(e.logprob[:t])
-        return {"input_ids": ids, "attention_mask": mask, "response_mask": trained, "logprob": lp,
-                "completion": [e.last for e in eps], "prompt_len": P}
+                    trained[i, :t] = torch.tensor(model[:t])
+                lp[i, :t] = torch.tensor(logprob[:t])
+        out = {"input_ids": ids, "attention_mask": mask, "response_mask": trained, "logprob": lp,
+               "completion": [s[4] for _, s in rows], "prompt_len": P}
+        return out, [e for e, _ in rows]
 
     def report(self) -> None:
         """One line per failed agent run on stderr; the tracebacks in the run directory's ``agent_errors.log``

@@ -103,23 +103,27 @@ class Rollout:
             self._agents = Agents(self)
         return self._agents
 
-    def _sample(self, prompts: list[Prompt], n: int, *, greedy: bool, seed: int) -> tuple[dict, list[dict]]:
-        """Completions (single-turn), episodes (``env:``) or agent runs (``agent:``), and each sample's meta."""
+    def _sample(self, prompts: list[Prompt], n: int, *, greedy: bool,
+                seed: int) -> tuple[dict, list[dict], list[int]]:
+        """Completions (single-turn), episodes (``env:``) or agent runs (``agent:``): the samples, each one's
+        meta, and each one's prompt (an index of ``prompts``; ``n`` samples each, or more where an agent's
+        episode was split)."""
         if self.agents is not None:
             out, eps = self.agents.run(prompts, n, greedy=greedy, seed=seed)
             self.agents.report()
             if not greedy:
                 self.ctx.log(**self.agents.stats)
-            return out, [{**e.prompt.meta, "episode": e.record()} for e in eps]
+            return out, [{**e.prompt.meta, "episode": e.record()} for e in eps], [e.index // n for e in eps]
+        owners = [i // n for i in range(len(prompts) * n)]
         if self.episodes is None:
             out = self.sample([self.encode(p) for p in prompts], n, greedy=greedy, seed=seed)
-            return out, [prompts[i // n].meta for i in range(len(out["completion"]))]
+            return out, [prompts[i].meta for i in owners], owners
         out, eps = self.episodes.run(prompts, n, greedy=greedy, seed=seed)
         if not greedy:
             self.ctx.log(**self.episodes.stats)
             for span in self.episodes.spans:
                 self.ctx.span(*span)
-        return out, [{**e.prompt.meta, "episode": e.record()} for e in eps]
+        return out, [{**e.prompt.meta, "episode": e.record()} for e in eps], owners
 
     def generate(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
         if self.carry is not None:
@@ -127,18 +131,18 @@ class Rollout:
         ctx = self.ctx
         k = ctx.run.samples_per_prompt
         t0 = time.perf_counter()
-        out, metas = self._sample(prompts, k, greedy=False, seed=step_seed(ctx.seed, step, ctx.rank))
+        out, metas, of = self._sample(prompts, k, greedy=False, seed=step_seed(ctx.seed, step, ctx.rank))
         dt = time.perf_counter() - t0
         n = len(out["completion"])
         versions = torch.where(out["response_mask"] > 0, weights.version, -1).long()
         fields = {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
                   "response_mask": out["response_mask"], "logprob": out["logprob"], "token_version": versions,
                   "spans": [1] * n,
-                  "prompt": [prompts[i // k].text for i in range(n)], "completion": out["completion"],
-                  "target": [prompts[i // k].meta.get("target", "") for i in range(n)], "meta": metas}
+                  "prompt": [prompts[i].text for i in of], "completion": out["completion"],
+                  "target": [prompts[i].meta.get("target", "") for i in of], "meta": metas}
         meta = {"prompt_len": out["prompt_len"], "temperature": self.options.temperature,
                 "prompt_aligned": {"input_ids": self.tok.pad_token_id, "attention_mask": 0}}
-        batch = SampleBatch(step, [prompts[i // k].group for i in range(n)], [weights.version] * n,
+        batch = SampleBatch(step, [prompts[i].group for i in of], [weights.version] * n,
                             [weights.version] * n, fields, meta)
         tokens = float(out["response_mask"].sum())
         ctx.log(response_len=float(out["response_mask"].sum(1).mean()), returned_tokens=tokens,
@@ -208,9 +212,11 @@ class Rollout:
 
     def evaluate(self, prompts: list[Prompt]) -> dict:
         """Greedy completions of the held-out prompts, scored later by the reward node."""
-        out, metas = self._sample(prompts, 1, greedy=True, seed=0)
-        return {"prompt": [p.text for p in prompts], "completion": out["completion"],
-                "target": [p.meta.get("target", "") for p in prompts], "meta": metas, "version": self.version}
+        out, metas, of = self._sample(prompts, 1, greedy=True, seed=0)
+        last = {j: i for i, j in enumerate(of)}          # an agent's episode split in samples: its last one
+        return {"prompt": [p.text for p in prompts], "completion": [out["completion"][last[j]] for j in range(len(prompts))],
+                "target": [p.meta.get("target", "") for p in prompts], "meta": [metas[last[j]] for j in range(len(prompts))],
+                "version": self.version}
 
     def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, the same on every backend (:func:`nodes.tasks.prompting.encode`)."""

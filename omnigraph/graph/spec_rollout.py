@@ -61,6 +61,11 @@ class AgentSpec(Strict):
     on_timeout: Literal["zero", "drop"] = "zero"
     """An agent run that timed out or raised: ``zero`` trains what it sampled with reward 0; ``drop`` trains
     none of it (its tokens are masked out; it still counts in its group's mean)."""
+    on_divergence: Literal["keep", "split"] = "keep"
+    """A request whose history is not what was sampled (the agent edited it, or the template renders past turns
+    otherwise): ``keep`` trains the episode as one sample, the tokens that were sampled followed by the new
+    turns; ``split`` ends the episode's sample there and starts another from the request as sent, so every
+    sample is a context the policy really sampled from (the samples of one episode share its advantage)."""
     host: str = "127.0.0.1"
     """Interface the endpoint binds (a free port, a random key per run); another only on purpose."""
     max_request_bytes: int = Field(1_000_000, ge=1_024, le=1_000_000_000)
