@@ -145,6 +145,51 @@ def test_split_makes_a_sample_of_each_context_the_policy_sampled_from():
     assert adv[0::2] == adv[1::2] and any(adv)
 
 
+PARTIAL = ("{entry: 'agent_programs:copy_twice', max_tokens: 48, batch_wait_s: 5}",
+           "nodes.generate.partial={budget_tokens: 1, max_spans: 2}", "schedule.max_staleness=2")
+
+
+def test_with_partial_rollouts_an_agent_goes_on_in_the_next_firing_under_the_new_weights():
+    """A firing's budget spent, each agent's next request waits for the next firing; its reply is sampled by
+    the weights that arrived, and every token keeps the version that sampled it."""
+    spec, gen, _ = generator(*PARTIAL)
+    n = spec.task.prompts * spec.task.samples_per_prompt
+    torch.manual_seed(0)
+    first = gen.generate(0, prompts(spec, 0), Weights(version=0))
+    assert len(first) == 0 and len(gen.in_flight()) == spec.task.prompts    # every agent waits on its 2nd request
+    gen.version = 1                                                          # the weights a sync brought
+    second = gen.generate(1, [], Weights(version=1))
+    assert len(second) == n and gen.in_flight() == []
+    f = second.fields
+    for i in range(n):
+        trained = f["token_version"][i][f["response_mask"][i] > 0].tolist()
+        assert trained[0] == 0 and trained[-1] == 1 and sorted(trained) == trained, trained
+    assert second.min_version == [0] * n and second.max_version == [1] * n and f["spans"] == [2] * n
+
+
+def test_a_checkpoint_keeps_agents_in_flight_and_the_resumed_run_continues_them_exactly():
+    """The checkpoint holds each episode in flight as its trajectory and the answers it was given; a fresh
+    rollout loading it runs each agent again from its task, gives it those answers without sampling, and
+    samples the request it was waiting on: the same batch as the run that did not stop."""
+    def firings(resume: bool):
+        spec, gen, _ = generator(*PARTIAL)
+        torch.manual_seed(0)
+        gen.generate(0, prompts(spec, 0), Weights(version=0))
+        if resume:
+            state = gen.carry_state()
+            gen.agents.close()
+            spec, gen, _ = generator(*PARTIAL)
+            gen.load_carry(state)
+            assert len(gen.in_flight()) == spec.task.prompts
+        gen.version = 1
+        return gen.generate(1, [], Weights(version=1)), gen
+    whole, _ = firings(False)
+    resumed, gen = firings(True)
+    for key in ("input_ids", "attention_mask", "response_mask", "logprob", "token_version"):
+        assert torch.equal(whole.fields[key], resumed.fields[key]), key
+    assert gen.agents.stats["agent_requests"] == len(resumed)          # one live request each: the rest replayed
+
+
 def test_the_endpoint_serves_what_clients_send_and_refuses_the_rest_in_openais_shape():
     spec, gen, _ = generator("{entry: 'agent_programs:probes', max_tokens: 64, max_n: 2}", "task.prompts=1",
                              "task.samples_per_prompt=1")

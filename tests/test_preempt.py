@@ -40,12 +40,21 @@ def metrics(d: Path):
     return [{k: r.get(k) for k in KEYS} for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
 
 
+AGENT = ["nodes.generate.env=null",        # the copy_chain episodes played by an agent program, over HTTP
+         f"nodes.generate.agent={{entry: '{GRAPHS.parent / 'examples' / 'agents' / 'copy_chain.py'}:solve', "
+         "max_tokens: 40, batch_wait_s: 10}"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("graph, executor", [("grpo_one_step_off", "local"), ("grpo_one_step_off", "ray"),
-                                             ("grpo_partial", "local")])     # unfinished groups in the checkpoint
-def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(tmp_path, graph, executor):
+@pytest.mark.parametrize("graph, executor, extra", [
+    ("grpo_one_step_off", "local", []), ("grpo_one_step_off", "ray", []),
+    ("grpo_partial", "local", []),                   # unfinished groups in the checkpoint
+    ("grpo_multiturn", "ray", AGENT),                # agent programs: the same episodes after the resume
+    ("grpo_multiturn", "local", AGENT + [            # agents in flight in the checkpoint, run again from it
+        "nodes.generate.partial={budget_tokens: 4, max_spans: 3}", "schedule.max_staleness=3"])])
+def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(tmp_path, graph, executor, extra):
     job = ["run", str(GRAPHS / f"{graph}.yaml"), "schedule.iterations=9", "nodes.generate.eval_every=0",
-           "runtime.grace_s=60", "--executor", executor, "--quiet"]
+           "runtime.grace_s=60", *extra, "--executor", executor, "--quiet"]
     code, _, err, _, _, _ = omnigraph(job + ["--run-dir", str(tmp_path / "whole")])
     assert code == 0, err
     (whole,) = (tmp_path / "whole").iterdir()
@@ -64,6 +73,9 @@ def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(
     assert lines[-1].startswith(f"continue with: omnigraph run --resume {d}")
     assert "Traceback" not in err and "SIGTERM received" not in err     # not Ray's stack dump
     assert not alive, f"left behind: {alive}"
+    if "partial" in graph or any("partial" in x for x in extra):      # the checkpoint holds work in flight
+        rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        assert [r.get("carried_groups_out") for r in rows if r["step"] == done - 1][0] > 0
 
     code, out, err, _, _, _ = omnigraph(job + ["--run-dir", str(parent)])    # the job, requeued unchanged
     assert code == 0, err

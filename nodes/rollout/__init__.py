@@ -86,8 +86,7 @@ def _not_partial_episodes(node, options, spec) -> list:
 
 
 def _agent(node, options, spec) -> list:
-    """``agent:`` names a program that loads, and runs alone: not with ``env`` (the agent is the environment)
-    nor ``partial`` (an agent's requests are answered whole)."""
+    """``agent:`` names a program that loads, and runs alone: not with ``env`` (the agent is the environment)."""
     agent = getattr(options, "agent", None)
     if agent is None:
         return []
@@ -95,9 +94,6 @@ def _agent(node, options, spec) -> list:
     if options.env is not None:
         out.append(ConfigError("an agent drives its own turns: it replaces env (write the environment's logic in "
                                "the agent)", where=f"nodes.{node}.agent", fix="remove env, or remove agent"))
-    if options.partial is not None:
-        out.append(ConfigError("an agent's requests are answered whole, within one firing: partial rollouts do not "
-                               "apply", where=f"nodes.{node}.partial", fix="remove partial"))
     if agent.entry is not None:
         try:
             load_dotted(agent.entry)

@@ -43,23 +43,49 @@ class AgentEpisode:
     truncated: bool = False
     last: str = ""
     segments: list[tuple] = field(default_factory=list)    # with on_divergence: split, the samples it closed
+    versions: list[int] = field(default_factory=list)    # the weights version that sampled each token (-1: none)
+    step: int = 0                      # the firing it began in
+    spans: int = 0                     # firings it was decoded in (partial rollouts)
+    fired: int = 0                     # tokens sampled for it in the current firing
+    final: bool = False                # in its last allowed firing: served to its end
+    log: list[dict] = field(default_factory=list)        # the answers it was given, in order (for a resume)
+    replay: int = 0                    # after a resume: answers of the log still to give again
 
-    def add(self, tokens: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
+    def add(self, tokens: list[int], trained: bool, logprobs: list[float] | None = None, version: int = -1) -> None:
         self.tokens += tokens
         self.ids = (self.ids or []) + tokens
         self.model += [1.0 if trained else 0.0] * len(tokens)
         self.logprob += logprobs if logprobs is not None else [0.0] * len(tokens)
+        self.versions += [version if trained else -1] * len(tokens)
 
     def split(self, ids: list[int]) -> None:
         """Close the sample so far (``on_divergence: split``) and start another from ``ids``, the prompt of the
         request that diverged."""
-        self.segments.append((self.ids[:self.prompt_len], self.tokens, self.model, self.logprob, self.last))
+        self.segments.append(self.samples()[-1])
         self.ids, self.prompt_len = list(ids), len(ids)
-        self.tokens, self.model, self.logprob = [], [], []
+        self.tokens, self.model, self.logprob, self.versions = [], [], [], []
 
     def samples(self) -> list[tuple]:
-        """``(prompt ids, tokens, trained flags, logprobs, last reply)`` of each sample of the episode, in order."""
-        return [*self.segments, ((self.ids or [])[:self.prompt_len], self.tokens, self.model, self.logprob, self.last)]
+        """``(prompt ids, tokens, trained flags, logprobs, last reply, versions)`` of each sample of the episode,
+        in order."""
+        return [*self.segments,
+                ((self.ids or [])[:self.prompt_len], self.tokens, self.model, self.logprob, self.last, self.versions)]
+
+    STATE = ("eid", "index", "ids", "head", "prompt_len", "tokens", "model", "logprob", "sampled", "requests",
+             "tool_calls", "mismatches", "truncated", "last", "segments", "versions", "step", "spans", "log")
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of an episode in flight: its trajectory and the answers it was given (the
+        agent's own state is its program's: on resume the program runs again, given those answers)."""
+        return {"prompt": self.prompt, **{k: getattr(self, k) for k in self.STATE}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "AgentEpisode":
+        e = cls(state["prompt"], state["eid"])
+        for k in cls.STATE:
+            setattr(e, k, state[k])
+        e.replay = len(e.log)
+        return e
 
     def record(self) -> dict[str, Any]:
         return {"index": self.index, "reward": self.reward, "turns": self.requests, "tool_calls": self.tool_calls,
@@ -88,18 +114,44 @@ class Broker:
         self.calls: list[Call] = []
         self.episodes: dict[str, AgentEpisode] = {}
         self.first_at: float | None = None
-        self.unfinished, self.concurrency = 0, 1
+        self.unfinished, self.concurrency, self.blocked = 0, 1, 0
 
     @property
     def active(self) -> int:
         """The requests a full batch holds: one per agent running or about to (the episodes not finished,
-        at most ``concurrency``: an agent waiting for a slot starts as soon as one ends)."""
-        return min(self.unfinished, self.concurrency)
+        at most ``concurrency``: an agent waiting for a slot starts as soon as one ends), less those whose
+        request waits for the next firing (partial rollouts)."""
+        return min(self.unfinished, self.concurrency) - self.blocked
 
-    def open(self, episodes: list[AgentEpisode], concurrency: int) -> None:
+    def open(self, episodes: list[AgentEpisode], concurrency: int, keep: bool = False) -> None:
+        """Serve ``episodes`` (``keep``: beside those already open, as partial rollouts carry them)."""
         with self.cond:
-            self.episodes = {e.eid: e for e in episodes}
-            self.unfinished, self.concurrency = len(episodes), concurrency
+            if not keep:
+                self.episodes, self.unfinished = {}, 0
+            self.episodes.update({e.eid: e for e in episodes})
+            self.unfinished += len(episodes)
+            self.concurrency = concurrency
+
+    def forget(self, episodes: list[AgentEpisode]) -> None:
+        """Episodes that ended and left the rollout (partial rollouts keep the broker open across firings)."""
+        with self.cond:
+            for e in episodes:
+                self.episodes.pop(e.eid, None)
+
+    def hold(self, calls: list[Call]) -> None:
+        """These requests wait for the next firing: a batch no longer waits for their agents."""
+        with self.cond:
+            self.blocked += len(calls)
+            self.cond.notify_all()
+
+    def release(self, calls: list[Call]) -> None:
+        """Requests held from the last firing, queued again first."""
+        with self.cond:
+            self.blocked -= len(calls)
+            self.calls = list(calls) + self.calls
+            if self.calls and self.first_at is None:
+                self.first_at = time.perf_counter()
+            self.cond.notify_all()
 
     def episode(self, eid: str) -> AgentEpisode:
         e = self.episodes.get(eid)

@@ -105,6 +105,9 @@ def build_app(agents):
 
     async def serve(eid: str, kind: str, body: dict) -> dict:
         e = agents.broker.episode(eid)
+        if e.replay:                    # resumed in flight: the program runs again, given the answers it had
+            e.replay -= 1
+            return e.log[len(e.log) - e.replay - 1]
         if e.requests >= spec.max_turns:
             raise AgentError(400, f"this episode made agent.max_turns = {spec.max_turns} requests", param="max_turns")
         n = _int(body, "n", 1, spec.max_n, 1)

@@ -43,6 +43,7 @@ from omnigraph.sdk.registry import load_dotted
 from nodes.rollout.agent_broker import AgentEpisode, AgentError, Broker, Call
 from nodes.rollout.agent_chat import message_key, parse_tool_calls, plain, render
 from nodes.rollout.agent_server import Endpoint
+from nodes.rollout.agent_spans import AgentSpans
 from nodes.rollout.episodes import EventLoop, after_message
 from nodes.tasks.prompting import messages as prompt_messages
 
@@ -80,6 +81,8 @@ class Agents:
         self.stats: dict[str, float] = {}
         self.errors: list[str] = []
         self.tls: ssl.SSLContext | None = None
+        partial = getattr(rollout.options, "partial", None)
+        self.spans = None if partial is None else AgentSpans(self, partial, rollout.ctx.run.iterations)
 
     # -- the agents' side (their event loop) --------------------------------------------------------------
     def base_url(self, e: AgentEpisode) -> str:
@@ -142,8 +145,8 @@ class Agents:
             finally:
                 self.broker.leave()
 
-    async def _all(self, eps: list[AgentEpisode]) -> None:
-        sem = asyncio.Semaphore(self.spec.concurrency)
+    async def _all(self, eps: list[AgentEpisode], sem: asyncio.Semaphore | None = None) -> None:
+        sem = sem or asyncio.Semaphore(self.spec.concurrency)
         await asyncio.gather(*(self._drive(e, sem) for e in eps))
 
     # -- the rollout's side (its thread) --------------------------------------------------------------------
@@ -243,7 +246,7 @@ class Agents:
         rows, plan = [], []
         # in the episodes' order, not the order the requests arrived in: which row samples what does not
         # depend on timing (with the same batches, the same samples: a multi-turn environment's, for one)
-        calls = sorted(calls, key=lambda c: c.episode.index)
+        calls = sorted(calls, key=lambda c: (c.episode.step, c.episode.index))
         for c in calls:
             e = c.episode
             if e.status != "running":
@@ -288,7 +291,8 @@ class Agents:
                     toks, lps, reason = toks[:cut], lps[:cut], "stop"
                 choices.append((toks, lps, reason))
             toks, lps, _ = choices[0]                          # the trajectory follows the first choice
-            e.add(toks, trained=True, logprobs=lps)
+            e.add(toks, trained=True, logprobs=lps, version=r.version)
+            e.fired += len(toks)
             c.future.set_result(self._answer(c, choices, len(ids)))
         return len(rows)
 
@@ -310,19 +314,22 @@ class Agents:
         first = out[0]
         e.tool_calls += len(first.get("tool_calls") or [])
         e.last = first["text"]
-        return {"choices": out, "prompt_tokens": prompt_tokens, "version": self.rollout.version}
+        answer = {"choices": out, "prompt_tokens": prompt_tokens, "version": self.rollout.version}
+        e.log.append(answer)
+        return answer
 
     def _batch(self, eps: list[AgentEpisode]) -> tuple[dict, list[AgentEpisode]]:
         """The episodes' samples as one sample dict (the fields of ``Rollout.sample``), and the episode of each
         row: one sample per episode, more where ``on_divergence: split`` split one."""
         pad, C = self.tok.pad_token_id, self.spec.max_tokens
         rows = [(e, s) for e in eps for s in e.samples()]
-        P = max(max(len(s[0]) for _, s in rows), 1)
+        P = max(max((len(s[0]) for _, s in rows), default=1), 1)
         B = len(rows)
         ids = torch.full((B, P + C), pad, dtype=torch.long)
         mask = torch.zeros((B, P + C), dtype=torch.long)
         trained, lp = torch.zeros((B, C)), torch.zeros((B, C))
-        for i, (e, (prompt, tokens, model, logprob, _)) in enumerate(rows):
+        versions = torch.full((B, C), -1, dtype=torch.long)
+        for i, (e, (prompt, tokens, model, logprob, _, version)) in enumerate(rows):
             prompt = prompt or [pad]
             ids[i, P - len(prompt):P] = torch.tensor(prompt)
             mask[i, P - len(prompt):P] = 1
@@ -333,8 +340,10 @@ class Agents:
                 if not (e.status in ("timeout", "error") and self.spec.on_timeout == "drop"):
                     trained[i, :t] = torch.tensor(model[:t])
                 lp[i, :t] = torch.tensor(logprob[:t])
+                versions[i, :t] = torch.tensor(version[:t], dtype=torch.long)
+        versions[trained == 0] = -1
         out = {"input_ids": ids, "attention_mask": mask, "response_mask": trained, "logprob": lp,
-               "completion": [s[4] for _, s in rows], "prompt_len": P}
+               "token_version": versions, "completion": [s[4] for _, s in rows], "prompt_len": P}
         return out, [e for e, _ in rows]
 
     def report(self) -> None:

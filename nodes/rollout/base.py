@@ -126,6 +126,8 @@ class Rollout:
         return out, [{**e.prompt.meta, "episode": e.record()} for e in eps], owners
 
     def generate(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
+        if self.agents is not None and self.agents.spans is not None:
+            return self._generate_agent_spans(step, prompts, weights)
         if self.carry is not None:
             return self._generate_partial(step, prompts, weights)
         ctx = self.ctx
@@ -164,6 +166,29 @@ class Rollout:
             ctx.log(response_len=float(batch.fields["response_mask"].sum(1).mean()))
         return batch
 
+    def _generate_agent_spans(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
+        """Agent episodes across firings (:mod:`nodes.rollout.agent_spans`): the groups that ended in this one."""
+        ctx, agents = self.ctx, self.agents
+        t0 = time.perf_counter()
+        eps = agents.spans.fire(step, prompts, ctx.run.samples_per_prompt, step_seed(ctx.seed, step, ctx.rank))
+        agents.report()
+        ctx.log(**agents.stats)
+        ctx.span(f"{agents.stats['agent_requests']} requests, {agents.stats['carried_groups_out']} groups carried",
+                 t0, time.perf_counter())
+        out, rows = agents._batch(eps)
+        versions = out["token_version"]
+        lo = [int(v[v >= 0].min()) if (v >= 0).any() else weights.version for v in versions]
+        hi = [int(v[v >= 0].max()) if (v >= 0).any() else weights.version for v in versions]
+        fields = {**{k: out[k] for k in ("input_ids", "attention_mask", "response_mask", "logprob", "completion")},
+                  "token_version": versions, "spans": [e.spans for e in rows],
+                  "prompt": [e.prompt.text for e in rows], "target": [e.prompt.meta.get("target", "") for e in rows],
+                  "meta": [{**e.prompt.meta, "episode": e.record()} for e in rows]}
+        if rows:
+            ctx.log(response_len=float(out["response_mask"].sum(1).mean()))
+        meta = {"prompt_len": out["prompt_len"], "temperature": self.options.temperature,
+                "prompt_aligned": {"input_ids": self.tok.pad_token_id, "attention_mask": 0}}
+        return SampleBatch(step, [e.prompt.group for e in rows], lo, hi, fields, meta)
+
     def _partial_batch(self, step: int, groups: list[Group]) -> SampleBatch:
         """The finished groups as one batch, laid out as :meth:`generate`'s (prompt left-padded, completion
         right-padded to ``max_new_tokens``)."""
@@ -197,17 +222,23 @@ class Rollout:
         return SampleBatch(step, [g.prompt.group for g, _ in samples], lo, hi, fields, meta)
 
     def in_flight(self) -> list[int]:
+        if self.agents is not None and self.agents.spans is not None:
+            return self.agents.spans.in_flight()
         return self.carry.in_flight() if self.carry is not None else []
 
     def carry_state(self) -> dict:
         """What this base keeps in a checkpoint: the unfinished samples (tokens, logprobs, versions; the next
         firing's seed comes from its step) and the weights guard's counts."""
         out = {"nonfinite": self.nonfinite.state_dict()}
+        if self.agents is not None and self.agents.spans is not None:
+            return {**out, "agent_spans": self.agents.spans.state_dict()}
         return {**out, "carry": self.carry.state_dict()} if self.carry is not None else out
 
     def load_carry(self, state: dict) -> None:
         self.nonfinite.load_state_dict(state.get("nonfinite"))
-        if self.carry is not None and "carry" in state:
+        if "agent_spans" in state and self.agents is not None and self.agents.spans is not None:
+            self.agents.spans.load_state_dict(state["agent_spans"])
+        elif self.carry is not None and "carry" in state:
             self.carry.load_state_dict(state["carry"])
 
     def evaluate(self, prompts: list[Prompt]) -> dict:
