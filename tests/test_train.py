@@ -88,6 +88,22 @@ class TestWeightSync:
             assert torch.equal(p, pol.model.state_dict()[name].to(torch.bfloat16)), name
 
 
+def test_an_update_without_signal_leaves_the_weights_where_they_are():
+    """Every advantage zero (each group's samples scored alike): no gradient, so no optimizer step. Adam's
+    momentum from the step before must not move the weights on its own (a policy that drifted this way once
+    turned a solved task into one of endless tool calls)."""
+    spec, sync, gen, shared = nodes_for(["nodes.update.mini_batch_size=32"])
+    pol = sync.policy
+    batch = trainer_node(spec, "old_logprob", shared).logprobs(0, gen.generate(0, prompts(spec, 0), Weights(0)))
+    upd = trainer_node(spec, "update", shared)
+    upd.train(1, batch.with_fields(advantage=torch.randn(len(batch)).tolist()))      # momentum from here on
+    before = {k: v.clone() for k, v in pol.model.state_dict().items()}
+    upd.train(2, batch.with_fields(advantage=[0.0] * len(batch)))
+    assert all(torch.equal(before[k], v) for k, v in pol.model.state_dict().items())
+    upd.train(3, batch.with_fields(advantage=torch.randn(len(batch)).tolist()))      # and a signal moves them
+    assert any(not torch.equal(before[k], v) for k, v in pol.model.state_dict().items())
+
+
 @pytest.mark.slow
 def test_one_step_off_training_through_ray_raises_the_reward(tmp_path):
     plan = og.compile(GRAPHS / "grpo_one_step_off.yaml", overrides=["schedule.iterations=30"])

@@ -119,8 +119,13 @@ class Update:
             if self._skip(step, {"gradients": bad}):
                 pol.opt.zero_grad(set_to_none=True)
                 return
-            torch.nn.utils.clip_grads_with_norm_(params, s.max_grad_norm, gn)
             stats.setdefault("grad_norm", []).append(float(gn))
+            if float(gn) == 0.0:
+                # no signal (every advantage zero: each group's samples scored alike): an optimizer step would
+                # still move the weights by its momentum and weight decay, a drift no sample asked for
+                stats.setdefault("no_signal_steps", []).append(1.0)
+                continue
+            torch.nn.utils.clip_grads_with_norm_(params, s.max_grad_norm, gn)
             pol.opt.step()
         self.ctx.log(**self.nonfinite.record(False))
         minis = max(1, len(minis))
