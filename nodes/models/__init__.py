@@ -46,16 +46,22 @@ def quiet_bars() -> Iterator[None]:
 
 
 def load(path: Path, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) from a local directory, without transformers' progress bars (:func:`quiet_bars`)."""
+    """(model, tokenizer) from a local directory, without transformers' progress bars (:func:`quiet_bars`).
+    An image-text model (its config has a vision tower: :mod:`nodes.models.vision`) loads as
+    ``AutoModelForImageTextToText`` builds it, with its processor's tokenizer."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+    from nodes.models import vision
 
     with quiet_bars():
-        tok = AutoTokenizer.from_pretrained(path)
+        pictures = vision.is_vision(path)
+        tok = vision.processor(path).tokenizer if pictures else AutoTokenizer.from_pretrained(path)
         tok.padding_side = "left"
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+        auto = AutoModelForImageTextToText if pictures else AutoModelForCausalLM
+        model = auto.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
     return model, tok
 
 

@@ -7,7 +7,9 @@ are copied to the rows that share it, and only the completions run row by row.
 Gradients flow back through the copied keys and values into the prompt's forward, so
 the logprobs and the gradients are the plain forward's, up to float rounding
 (``tests/test_prefix.py``). The saving is the prompt's share of the tokens, times
-``1 - 1/samples_per_prompt``.
+``1 - 1/samples_per_prompt``. With pictures in the prompts (``pixels``: each row's ``pixel_values``), rows
+share a prompt only where their pictures are the same too (``keys``: :func:`nodes.models.vision.image_key`), and
+the vision tower runs once per distinct prompt, in its forward.
 
 >>> import torch
 >>> ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6]])
@@ -29,11 +31,16 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return pos.clamp(min=0)
 
 
-def groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+def groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+           keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(first, inverse)``: the first row of each distinct prompt, and each row's prompt (an index into
-    ``first``); ``None`` when fewer than half the rows repeat a prompt (sharing would save too little)."""
+    ``first``); ``None`` when fewer than half the rows repeat a prompt (sharing would save too little).
+    ``keys`` (one number per row): rows are one prompt only where their keys are equal too."""
     n = prompt_ids.shape[0]
-    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1)
+    parts = [prompt_ids, prompt_mask.to(prompt_ids.dtype)]
+    if keys is not None:
+        parts.append(keys.to(prompt_ids.dtype).reshape(n, 1))
+    rows = torch.cat(parts, 1)
     distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
     if 2 * len(distinct) > n:
         return None
@@ -45,25 +52,35 @@ def groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.T
     return first[order], rank[inverse]
 
 
+def pictures(pixels: list | None, rows, device) -> dict:
+    """``{"pixel_values": ...}`` of ``rows`` (indices into ``pixels``, each row's ``pixel_values`` or ``None``)
+    on ``device``, in row order (the order a model fills its image tokens in); ``{}`` where they have none."""
+    if pixels is None:
+        return {}
+    found = [pixels[int(i)] for i in rows if pixels[int(i)] is not None]
+    return {"pixel_values": torch.cat(found).to(device)} if found else {}
+
+
 def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
-                      share: bool = True) -> torch.Tensor:
+                      share: bool = True, keys: torch.Tensor | None = None, pixels: list | None = None) -> torch.Tensor:
     """Logits ``[b, c, V]`` predicting ``ids[:, P:]`` (``c = ids.shape[1] - P`` completion tokens), from the
     positions ``P - 1 .. P + c - 2``: one forward of each distinct prompt when the rows share prompts (and
     ``share``), else one forward of the whole rows. The output head runs only where a completion token is
-    predicted: the head of a large vocabulary is a good part of a small model's compute."""
+    predicted: the head of a large vocabulary is a good part of a small model's compute. ``keys`` and ``pixels``:
+    the rows' pictures (the module docstring)."""
     P = prompt_len
     c = ids.shape[1] - P
-    found = groups(ids[:, :P], mask[:, :P]) if share and P > 0 else None
+    found = groups(ids[:, :P], mask[:, :P], keys) if share and P > 0 else None
     if found is None:
         out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],
-                    logits_to_keep=c)
+                    logits_to_keep=c, **pictures(pixels, range(len(ids)), ids.device))
         return out.logits
     from transformers import DynamicCache
 
     first, inverse = found
     cache = DynamicCache(config=getattr(model, "config", None))
     head = model(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=position_ids[first, :P],
-                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+                 past_key_values=cache, use_cache=True, logits_to_keep=1, **pictures(pixels, first, ids.device))
     # index_select, not indexing: its backward sums each prompt's rows in a fixed order (bit-identical reruns)
     first_logits = head.logits.index_select(0, inverse)     # [b, 1, V]: each row's first completion token
     if c == 1:
@@ -75,12 +92,14 @@ def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids
     return torch.cat([first_logits, rest.logits], 1)
 
 
-def prefill(model, ids: torch.Tensor, mask: torch.Tensor):
+def prefill(model, ids: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None,
+            pixels: list | None = None):
     """For ``generate``: a KV cache of every token but the last of the rows ``ids`` (left padded), computed
     once per distinct row and copied to the rows that repeat it; ``None`` when fewer than half the rows repeat
     one. Given it, ``generate`` runs only the last token of each row and then decodes, instead of a GRPO
-    group's prompt once per sample."""
-    found = groups(ids, mask) if ids.shape[1] > 1 else None
+    group's prompt once per sample. ``keys`` and ``pixels``: the rows' pictures (the module docstring); the
+    last token of a row must not be an image token."""
+    found = groups(ids, mask, keys) if ids.shape[1] > 1 else None
     if found is None:
         return None
     from transformers import DynamicCache
@@ -89,6 +108,6 @@ def prefill(model, ids: torch.Tensor, mask: torch.Tensor):
     cache = DynamicCache(config=getattr(model, "config", None))
     ids, mask = ids[first, :-1], mask[first, :-1]
     model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache, use_cache=True,
-          logits_to_keep=1)
+          logits_to_keep=1, **pictures(pixels, first, ids.device))
     repeat_cache_rows(cache, inverse)
     return cache

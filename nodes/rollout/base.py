@@ -48,7 +48,8 @@ from omnigraph.sdk import NodeContext, Prompt, SampleBatch, Weights
 from nodes.nonfinite import Streak, count_tensor, finite_tensors, poison, warn
 from nodes.rollout.episodes import Episodes
 from nodes.rollout.partial import Carry, Group
-from nodes.tasks.prompting import encode
+from nodes.models.vision import image_key
+from nodes.tasks.prompting import encode, encode_pictures
 
 
 def step_seed(seed: int, step: int, rank: int, salt: str = "gen") -> int:
@@ -108,6 +109,9 @@ class Rollout:
         """Completions (single-turn), episodes (``env:``) or agent runs (``agent:``): the samples, each one's
         meta, and each one's prompt (an index of ``prompts``; ``n`` samples each, or more where an agent's
         episode was split)."""
+        if (self.agents is not None or self.episodes is not None) and any(p.images for p in prompts):
+            raise ValueError("prompts with pictures are sampled one completion each: multi-turn episodes (env:) "
+                             "and agent programs (agent:) do not carry pictures yet")
         if self.agents is not None:
             out, eps = self.agents.run(prompts, n, greedy=greedy, seed=seed)
             self.agents.report()
@@ -116,7 +120,13 @@ class Rollout:
             return out, [{**e.prompt.meta, "episode": e.record()} for e in eps], [e.index // n for e in eps]
         owners = [i // n for i in range(len(prompts) * n)]
         if self.episodes is None:
-            out = self.sample([self.encode(p) for p in prompts], n, greedy=greedy, seed=seed)
+            ids, pixels = self.encode_all(prompts)
+            if pixels is None:
+                return self.sample(ids, n, greedy=greedy, seed=seed), [prompts[i].meta for i in owners], owners
+            out = self.sample(ids, n, greedy=greedy, seed=seed, pixels=pixels)
+            keys = [image_key(p) for p in pixels]
+            out["pixel_values"] = [pixels[i] for i in owners]            # each sample's pictures, for the trainer
+            out["image_key"] = torch.tensor([keys[i] for i in owners], dtype=torch.long)
             return out, [prompts[i].meta for i in owners], owners
         out, eps = self.episodes.run(prompts, n, greedy=greedy, seed=seed)
         if not greedy:
@@ -142,6 +152,7 @@ class Rollout:
                   "spans": [1] * n,
                   "prompt": [prompts[i].text for i in of], "completion": out["completion"],
                   "target": [prompts[i].meta.get("target", "") for i in of], "meta": metas}
+        fields.update({k: out[k] for k in ("pixel_values", "image_key") if k in out})
         meta = {"prompt_len": out["prompt_len"], "temperature": self.options.temperature,
                 "prompt_aligned": {"input_ids": self.tok.pad_token_id, "attention_mask": 0}}
         batch = SampleBatch(step, [prompts[i].group for i in of], [weights.version] * n,
@@ -154,6 +165,9 @@ class Rollout:
     # -- partial rollouts ------------------------------------------------------
     def _generate_partial(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
         ctx = self.ctx
+        if any(p.images for p in prompts):
+            raise ValueError("prompts with pictures are not carried across firings yet: partial rollouts "
+                             "(nodes.generate.partial) need prompts of text")
         t0 = time.perf_counter()
         done = self.carry.fire(step, prompts, [self.encode(p) for p in prompts], ctx.run.samples_per_prompt,
                                weights.version, self.continue_rows, step_seed(ctx.seed, step, ctx.rank))
@@ -252,6 +266,19 @@ class Rollout:
     def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, the same on every backend (:func:`nodes.tasks.prompting.encode`)."""
         return encode(self.tok, prompt, self.ctx.model.name)
+
+    def encode_all(self, prompts: list[Prompt]) -> tuple[list[list[int]], list | None]:
+        """Each prompt's token ids and, where any prompt has pictures, each one's pixel values (``None`` for a
+        prompt without): the model's processor expands the pictures' placeholders (:mod:`nodes.models.vision`)."""
+        if not any(p.images for p in prompts):
+            return [self.encode(p) for p in prompts], None
+        proc, name = getattr(self, "processor", None), self.ctx.model.name
+        ids, pixels = [], []
+        for p in prompts:
+            i, v = encode_pictures(self.tok, proc, p, name) if p.images else (self.encode(p), None)
+            ids.append(i)
+            pixels.append(v)
+        return ids, pixels
 
     def stop_ids(self) -> list[int]:
         """The end-of-sequence token and the option ``stop`` strings (single tokens)."""

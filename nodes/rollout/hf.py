@@ -31,7 +31,8 @@ from nodes import models
 from nodes.rollout import HfOptions
 from nodes.rollout.decode import StaticDecoder, bucket, use_gqa
 from nodes.models.tokens import token_logprobs
-from nodes.models.prefix import prefill
+from nodes.models.prefix import pictures, prefill
+from nodes.models.vision import image_key, processor
 from nodes.rollout.base import Rollout
 
 
@@ -82,6 +83,7 @@ class Generate(Rollout):
             self.model = models.with_lora(self.model, self.lora)
         else:
             models.contiguous(self.model)       # new weights arrive in one copy (copy_into coalesces)
+        self.processor = processor(ctx.model.dir)       # an image-text model's (None for a text model)
         self.stops = self.stop_ids()
         self.stopper = _FaultPoint(ctx)
         self._targets: dict = {}                   # payload -> the model's own tensors (stable: written in place)
@@ -187,7 +189,9 @@ class Generate(Rollout):
 
     @torch.no_grad()
     def sample(self, prompts: list[list[int]], n: int, *, greedy: bool, seed: int,
-               max_new_tokens: int | None = None) -> dict:
+               max_new_tokens: int | None = None, pixels: list | None = None) -> dict:
+        """``n`` completions of each prompt; ``pixels``: each prompt's pixel values (``None`` for one without
+        pictures), which the model's vision tower reads once per distinct prompt, in the prefill."""
         tok, s = self.tok, self.options
         C = max_new_tokens or s.max_new_tokens
         P = max(len(p) for p in prompts)
@@ -195,15 +199,19 @@ class Generate(Rollout):
         mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts]).repeat_interleave(n, 0)
         torch.manual_seed(seed)
         temp = max(s.temperature, 1e-6)
-        if self.decoder is not None:                                  # static cache, compiled step
+        rows = None if pixels is None else [pixels[i // n] for i in range(len(prompts) * n)]
+        keys = None if rows is None else torch.tensor([image_key(p) for p in rows], device=self.device)
+        if self.decoder is not None and rows is None:                 # static cache, compiled step
             comp, lp = self.decoder.decode([p for p in prompts for _ in range(n)], max_new_tokens=C, greedy=greedy,
                                            temperature=s.temperature, top_p=s.top_p, stops=self.stops,
                                            fault=lambda: self.ctx.fault("token"))
         else:
             on_ids, on_mask = ids.to(self.device), mask.to(self.device)
             # the prompts' keys and values once per prompt, not once per sample (nodes.models.prefix)
-            out = self.model.generate(input_ids=on_ids, attention_mask=on_mask,
-                                      past_key_values=prefill(self.model, on_ids, on_mask), do_sample=not greedy,
+            cache = prefill(self.model, on_ids, on_mask, keys, rows)
+            seen = {} if cache is not None else pictures(rows, range(len(ids)), self.device)   # else generate reads them
+            out = self.model.generate(input_ids=on_ids, attention_mask=on_mask, **seen,
+                                      past_key_values=cache, do_sample=not greedy,
                                       temperature=s.temperature if not greedy else None,
                                       top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None,
                                       max_new_tokens=C, eos_token_id=self.stops,

@@ -56,10 +56,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from omnigraph.sdk import NodeContext, Weights
+from omnigraph.sdk import ConfigError, NodeContext, Weights
 from omnigraph.sdk.adapters import vllm as vllm_adapter
 
 from nodes import models
+from nodes.models import vision
 from nodes.rollout import VllmOptions
 from nodes.rollout.base import Rollout
 from nodes.rollout.vllm_weights import shm_dir, write_safetensors
@@ -166,6 +167,9 @@ class VllmGenerate(Rollout):
         spec, name = self.options, ctx.name
         self.name = name
         self.path = ctx.model.dir
+        if vision.is_vision(self.path):
+            raise ConfigError(f"'{ctx.model.name}' is an image-text model: this rollout backend does not pass "
+                              "pictures to vLLM yet", where=f"nodes.{name}.backend", fix="use backend: hf")
         self.tok = AutoTokenizer.from_pretrained(self.path)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token

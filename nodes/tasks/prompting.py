@@ -3,7 +3,8 @@
 
 Plain prompts: bos + the tokenizer's ids for the text, nothing else added. Chat prompts (``prompt.chat``,
 or ``prompt.messages``): the model's chat template around the messages (``system`` first when set), ending
-with the opening of the assistant's turn.
+with the opening of the assistant's turn. Prompts with pictures (``prompt.images``): the same, then the model's
+processor expands each picture's placeholder into its image tokens (:func:`encode_pictures`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ def messages(prompt: Prompt) -> list[dict[str, str]]:
 def encode(tok, prompt: Prompt, model_name: str = "the model") -> list[int]:
     head, text = _parts(tok, prompt, model_name)
     return head + tok(text, add_special_tokens=False).input_ids
+
+
+def encode_pictures(tok, proc, prompt: Prompt, model_name: str = "the model"):
+    """``(ids, pixel_values)`` of a prompt with pictures (:func:`nodes.models.vision.encode`): ``proc`` is the
+    model's processor, ``None`` for a model that takes no pictures."""
+    from nodes.models import vision
+
+    if proc is None:
+        raise ConfigError(f"the task's prompts have pictures but '{model_name}' takes none (its config has no "
+                          "vision tower)", where="model.path",
+                          fix="use an image-text model (LLaVA, Qwen2-VL, SmolVLM, ...; the embedded one is "
+                              "tiny-vl), or a task without pictures")
+    head, text = _parts(tok, prompt, model_name)
+    return vision.encode(proc, prompt, text, head)
 
 
 def lengths(tok, prompts: list[Prompt], model_name: str = "the model", batch: int = 1024) -> list[int]:

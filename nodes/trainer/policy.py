@@ -129,19 +129,25 @@ class Policy:
         # though they are not trained)
         lengths = f["attention_mask"][rows, P:].sum(1)
         ids, mask = f["input_ids"][rows], f["attention_mask"][rows]
+        # prompts with pictures: each row's pixel values, and a key that tells rows of different pictures apart
+        pix = f["pixel_values"][rows] if "pixel_values" in f else None
+        keys = f["image_key"][rows].to(ids.device) if "image_key" in f else None
         parts = None
         if split:
             prompts = len(torch.unique(ids[:, :P], dim=0)) if share and P else len(ids)
             parts = length_buckets(lengths, overhead=64 + (P * prompts if share else 0))
         if parts is None:
-            return self._score(model, ids, mask, lengths, P, temperature, with_entropy, share)
-        outs = [self._score(model, ids[i], mask[i], lengths[i], P, temperature, with_entropy, share) for i in parts]
+            return self._score(model, ids, mask, lengths, P, temperature, with_entropy, share, keys, pix)
+        outs = [self._score(model, ids[i], mask[i], lengths[i], P, temperature, with_entropy, share,
+                            None if keys is None else keys[i], None if pix is None else [pix[j] for j in i.tolist()])
+                for i in parts]
         back = torch.argsort(torch.cat(parts))           # each row back in its place
         if not with_entropy:
             return torch.cat(outs)[back]
         return torch.cat([o[0] for o in outs])[back], torch.cat([o[1] for o in outs])[back]
 
-    def _score(self, model, ids, mask, lengths, P: int, temperature: float, with_entropy: bool, share: bool):
+    def _score(self, model, ids, mask, lengths, P: int, temperature: float, with_entropy: bool, share: bool,
+               keys=None, pixels=None):
         """One forward of these rows, over as many completion columns as the longest completion among them
         (padding costs compute), padded back to the batch's ``C`` columns."""
         C = ids.shape[1] - P
@@ -150,7 +156,7 @@ class Policy:
         with self.amp():
             # one forward of each distinct prompt of a group (nodes.models.prefix); the output head only where a
             # completion token is predicted (positions P-1 .. P+c-2), not over the prompt
-            logits = completion_logits(model, ids, mask, position_ids(mask), P, share=share)
+            logits = completion_logits(model, ids, mask, position_ids(mask), P, share=share, keys=keys, pixels=pixels)
         pad = (0, C - c)
         lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature), pad)
         if not with_entropy:

@@ -46,9 +46,13 @@ class Prompt:
     chat: bool = False
     """Wrap ``text`` in the model's chat template (as the user's message, after ``system``)."""
     system: str | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     """A whole conversation (``[{"role": ..., "content": ...}, ...]``) to render with the chat template instead
     of ``system`` + ``text`` (``text`` is then the last user message, for the reward)."""
+    images: tuple[bytes, ...] = ()
+    """Pictures the prompt shows, as encoded files (PNG, JPEG, ...), in order: one ``<image>`` in ``text`` for
+    each, or one ``{"type": "image"}`` part in the messages' content (an image-text model's rollout expands
+    it into the picture's image tokens)."""
 
 
 def _take(values: Any, idx: list[int]) -> Any:

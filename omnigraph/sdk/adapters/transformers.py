@@ -40,10 +40,12 @@ def check_version() -> str:
 
 
 def causal_lm_class(config):
-    """The class ``AutoModelForCausalLM`` builds for ``config`` (importing its modelling module)."""
+    """The class ``AutoModelForCausalLM`` builds for ``config`` (importing its modelling module); for an
+    image-text model (a config with a vision tower), the class ``AutoModelForImageTextToText`` builds."""
     check_version()
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM._model_mapping[type(config)]
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    return auto._model_mapping[type(config)]
 
 
 def tokenizer_class(name: str):

@@ -1,0 +1,78 @@
+"""Pictures in prompts: an image-text model's processor, and a prompt's token ids with its pixels.
+
+A prompt carries its pictures as encoded files (``Prompt.images``: PNG, JPEG, ... bytes). Where they go:
+in a plain prompt, the placeholder ``<image>`` in its text (one per picture; a model whose processor
+names its image token otherwise gets its own there); in chat messages, an ``{"type": "image"}`` part of a
+message's content, which the model's chat template renders. The model's processor (``AutoProcessor``,
+saved with the model) turns the pictures into the tensors its vision tower takes and the placeholder into
+as many image tokens as the tower yields, so the prompt's ids are exactly what the model reads; the
+rollout and the trainer run the same pixels.
+
+>>> import torch
+>>> image_key(torch.zeros(1, 3, 2, 2)) == image_key(torch.zeros(1, 3, 2, 2)), image_key(None)
+(True, 0)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from pathlib import Path
+
+PLACEHOLDER = "<image>"
+
+
+def is_vision(model_dir: Path) -> bool:
+    """Whether the model in ``model_dir`` takes pictures (its config has a vision tower)."""
+    config = Path(model_dir) / "config.json"
+    return config.exists() and "vision_config" in json.loads(config.read_text())
+
+
+def processor(model_dir: Path):
+    """The model's processor (tokenizer and image processor), or ``None`` for a text-only model."""
+    if not is_vision(model_dir):
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(model_dir)
+
+
+def open_images(blobs, where: str = "the prompt") -> list:
+    """Each encoded picture as an RGB PIL image; a file PIL cannot read is a ``ValueError`` naming ``where``."""
+    from PIL import Image, UnidentifiedImageError
+
+    out = []
+    for i, blob in enumerate(blobs):
+        try:
+            img = Image.open(io.BytesIO(blob))
+            img.load()
+        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            raise ValueError(f"{where}: picture {i} is not an image PIL can read ({e})") from None
+        out.append(img.convert("RGB"))
+    return out
+
+
+def encode(proc, prompt, text: str, head: list[int]):
+    """``(ids, pixel_values)`` of a prompt with pictures: ``head`` (the ids before the text, e.g. bos), then
+    ``text`` (the prompt's text or its rendered chat) with each placeholder expanded into the picture's image
+    tokens; ``pixel_values`` ``[n, ...]`` as the processor makes them (float32)."""
+    token = getattr(proc, "image_token", PLACEHOLDER)
+    if token != PLACEHOLDER:
+        text = text.replace(PLACEHOLDER, token)
+    found = text.count(token)
+    if found != len(prompt.images):
+        raise ValueError(f"the prompt has {len(prompt.images)} picture(s) and {found} placeholder(s) "
+                         f"'{token}' for them: {prompt.text[:80]!r}")
+    enc = proc(text=[text], images=open_images(prompt.images), return_tensors="pt", add_special_tokens=False)
+    return head + enc["input_ids"][0].tolist(), enc["pixel_values"].float()
+
+
+def image_key(pixels) -> int:
+    """A number for one sample's pictures (``0``: none) that differs where the pictures differ: two prompts
+    of the same text are one prompt only when their pictures are the same too."""
+    import torch
+
+    if pixels is None:
+        return 0
+    return zlib.crc32(pixels.to(torch.float32).contiguous().numpy().tobytes()) + 1
