@@ -1,9 +1,11 @@
 """Pictures in prompts: the embedded image-text model (tiny-vl) through the rollout, the trainer and a run."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -11,9 +13,12 @@ import omnigraph as og
 from omnigraph.sdk import ConfigError, Weights
 from omnigraph.testing import build_node, prompts
 
-from conftest import GRAPHS
+from nodes.tasks.shapes import Shapes
+
+from conftest import GRAPHS, ROOT
 
 VLM = GRAPHS / "vlm_one_step_off.yaml"
+DATA = "task={{source: {}, image: image, prompt: question, answer: answer, split: train, eval_split: test}}"
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +71,48 @@ def test_a_prompt_whose_picture_is_not_an_image_names_it():
     bad[1] = replace(bad[1], images=(b"\x89PNG\r\n\x1a\n truncated",))
     with pytest.raises(ValueError, match="picture 0 is not an image"):
         gen.generate(0, bad, Weights(0))
+
+
+def picture_data(tmp_path: Path) -> Path:
+    """A folder of pictures and the JSONL of questions about them, as scripts/make_picture_data.py writes it."""
+    spec = importlib.util.spec_from_file_location("make_picture_data", ROOT / "scripts" / "make_picture_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write(tmp_path / "shapes", train=32, test=8)
+
+
+def test_rows_with_picture_paths_reach_the_model_and_the_trainer(tmp_path):
+    spec = og.load(VLM, [DATA.format(picture_data(tmp_path))])
+    shown = prompts(spec, 0)
+    drawn = {p.images for p in Shapes(prompts=32, seed=0).batch(0)}     # what the script wrote, as files
+    assert {p.images for p in shown} <= drawn
+    assert all(p.text == "<image>colour:" and len(p.images) == 1 and "image" not in p.meta["data"] for p in shown)
+    gen, _ = build_node(spec, "generate")
+    batch = gen.generate(0, shown, Weights(0))
+    assert gap(old_logprob(batch), batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4
+
+
+def damage(path: Path, how: str) -> None:
+    from PIL import Image
+    if how == "missing":
+        path.unlink()
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[:60])
+    elif how == "text":
+        path.write_text("not a picture")
+    else:                                        # larger than the default task.max_image_pixels (4096 x 4096)
+        Image.new("RGB", (5000, 4000)).save(path)
+
+
+@pytest.mark.parametrize("how, message", [("missing", "does not exist"), ("truncated", "truncated"),
+                                          ("text", "not in a picture format"), ("huge", "over task.max_image_pixels")])
+def test_a_bad_picture_is_one_line_naming_its_row_and_file_before_training(tmp_path, how, message):
+    src = picture_data(tmp_path)
+    damage(src / "images" / "train-0003.png", how)
+    exe = Path(sys.executable).parent / "omnigraph"
+    p = subprocess.run([str(exe), "check", str(VLM), DATA.format(src)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert "row 3 (id 'train-0003')" in p.stderr and "images/train-0003.png" in p.stderr and message in p.stderr
 
 
 @pytest.mark.slow

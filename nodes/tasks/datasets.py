@@ -19,6 +19,9 @@ model's tokens, chat template included; by default the model's context minus the
 ``max_new_tokens``) are left out and counted (``on_long: filter``) or refused (``on_long: error``); nothing is
 truncated.
 
+With ``image`` (the field holding each row's pictures, for an image-text model: :mod:`nodes.tasks.pictures`)
+every picture is read and checked when the task is built, and travels with its prompt (``Prompt.images``); a
+row whose picture field is absent, null or empty counts as missing.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from typing import Any, Callable
 from omnigraph.sdk import ConfigError, Options, Prompt
 
 from nodes.tasks.files import parse_split, fingerprint, resolve_source, load_splits, context_length, blank
+from nodes.tasks import pictures
 from nodes.tasks.prompting import lengths
 
 
@@ -71,7 +75,8 @@ class DataTask:
                  max_prompt_tokens: int | None = None, on_long: str = "filter", on_missing: str = "filter",
                  id_field: str | None = "id", chat: bool = False, system: str | None = None,
                  model_dir: Callable[[], Path] | None = None, model_name: str = "",
-                 max_new_tokens: int | None = None):
+                 max_new_tokens: int | None = None, image: str | None = None,
+                 max_image_pixels: int = 4096 * 4096):
         self.prompts, self.seed, self.eval_prompts = prompts, seed, eval_prompts
         self.shuffle_seed, self.epochs = shuffle_seed, epochs
         self.chat, self.system = chat, system
@@ -90,6 +95,11 @@ class DataTask:
                                                              "know rows by their position")
             id_field = None
         self.answer, self.id_field = answer, id_field
+        if image is not None and image not in self.columns:
+            raise ConfigError(f"the rows have no field '{image}' (fields: {', '.join(self.columns)})",
+                              where="task.image", fix="name the field holding each row's picture path(s), or null")
+        self.image, self.max_image_pixels = image, max_image_pixels
+        self.base = path if path.is_dir() else path.parent      # where relative picture paths start
         self._tok, self._model_dir, self._dir, self.model_name = None, model_dir, None, model_name
         self.max_prompt_tokens, self.on_long, self.on_missing = max_prompt_tokens, on_long, on_missing
         self.limit = self._limit(max_new_tokens)
@@ -160,6 +170,8 @@ class DataTask:
         for f in self.template.names:
             if row.get(f) is None:
                 return "prompt", f"field '{f}' is {'null' if f in row else 'absent'}"
+        if self.image is not None and (row.get(self.image) is None or blank(row.get(self.image))):
+            return "image", f"field '{self.image}' is {'absent' if self.image not in row else 'empty or null'}"
         if self.answer is not None:
             a = row.get(self.answer)
             if a is None:
@@ -190,6 +202,10 @@ class DataTask:
             seen[rid] = i
 
     def _prompt(self, i: int, row: dict[str, Any], value: Any) -> Prompt:
+        shown = () if self.image is None else pictures.read(row[self.image], self.base, f"row {i}{self._named(row)}",
+                                                             self.max_image_pixels)
+        if shown:
+            row = {k: v for k, v in row.items() if k != self.image}      # meta keeps the row's text, not its pictures
         meta = {"row": i, "data": row}
         if self.answer is not None:
             meta["target"] = str(row[self.answer])
@@ -202,12 +218,18 @@ class DataTask:
             if self.system and msgs[0]["role"] != "system":
                 msgs.insert(0, {"role": "system", "content": self.system})
             user = [m["content"] for m in msgs if m["role"] == "user"]
-            return Prompt(user[-1] if user else msgs[-1]["content"], meta, chat=True, messages=msgs)
+            msgs = pictures.into_messages(msgs, len(shown)) if shown else msgs
+            return Prompt(user[-1] if user else msgs[-1]["content"], meta, chat=True, messages=msgs, images=shown)
         if not isinstance(value, str):
             raise ConfigError(f"row {i}'s prompt is a {type(value).__name__}, not text or chat messages",
                               where="task.prompt", fix="name a text field, a list of {role, content} messages, "
                                                        "or write a template like '{question}'")
-        return Prompt(value, meta, chat=self.chat, system=self.system)
+        if shown and self.chat:
+            head = [{"role": "system", "content": self.system}] if self.system else []
+            msgs = pictures.into_messages(head + [{"role": "user", "content": value}], len(shown))
+            return Prompt(value, meta, chat=True, messages=msgs, images=shown)
+        return Prompt(pictures.place(value, len(shown)) if shown else value, meta, chat=self.chat, system=self.system,
+                      images=shown)
 
     # -- the prompt limit --------------------------------------------------------------------------
     def _model(self) -> Path:
@@ -270,7 +292,7 @@ class DataTask:
                                   where="task.epochs", fix="raise task.epochs or lower schedule.iterations")
             _, _, p = self.train[self.order(epoch)[pos]]
             out.append(Prompt(p.text, {**p.meta, "epoch": epoch}, chat=p.chat, system=p.system,
-                              messages=p.messages))
+                              messages=p.messages, images=p.images))
         return out
 
     def eval_set(self) -> list[Prompt]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from omnigraph.sdk import ConfigError, Prompt
 
 
-def messages(prompt: Prompt) -> list[dict[str, str]]:
+def messages(prompt: Prompt) -> list[dict]:
     if prompt.messages:
         return list(prompt.messages)
     head = [{"role": "system", "content": prompt.system}] if prompt.system else []
@@ -34,6 +34,12 @@ def encode_pictures(tok, proc, prompt: Prompt, model_name: str = "the model"):
                           "vision tower)", where="model.path",
                           fix="use an image-text model (LLaVA, Qwen2-VL, SmolVLM, ...; the embedded one is "
                               "tiny-vl), or a task without pictures")
+    if prompt.chat or prompt.messages:        # the processor's template renders image parts (else the tokenizer's)
+        owner = proc if getattr(proc, "chat_template", None) else tok
+        if not getattr(owner, "chat_template", None):
+            _parts(tok, prompt, model_name)       # says there is no chat template
+        text = owner.apply_chat_template(messages(prompt), add_generation_prompt=True, tokenize=False)
+        return vision.encode(proc, prompt, text, [])
     head, text = _parts(tok, prompt, model_name)
     return vision.encode(proc, prompt, text, head)
 

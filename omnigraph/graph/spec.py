@@ -92,6 +92,14 @@ class TaskSpec(Strict):
     """Wrap text prompts in the model's chat template as the user's message (message lists always are)."""
     system: str | None = None
     """A system message before each chat prompt."""
+    image: str | None = None
+    """The field holding each row's picture(s), for an image-text model: a file path (relative to the data
+    file's folder, or absolute), a list of them, encoded bytes, or a ``datasets`` ``Image`` value. Each picture
+    goes where the prompt's text says ``<image>``, else before the text (in the first user message of chat
+    messages). Every picture is opened before training: a missing, truncated or non-image file is an error
+    naming its row and path; pictures larger than ``max_image_pixels`` are refused."""
+    max_image_pixels: int = Field(4096 * 4096, ge=1, le=2**31)
+    """The largest picture (width x height) a row may have; the model's processor resizes what it takes."""
     prompts: int = Field(16, ge=1, le=1_000_000)
     """Prompts per training step (the prompt groups of one batch)."""
     samples_per_prompt: int = Field(8, ge=1, le=4096)
@@ -110,7 +118,7 @@ class TaskSpec(Strict):
 
     DATA_FIELDS: ClassVar[tuple[str, ...]] = ("prompt", "answer", "split", "eval_split", "shuffle_seed", "epochs",
                                               "max_prompt_tokens", "on_long", "on_missing", "id_field", "chat",
-                                              "system")
+                                              "system", "image", "max_image_pixels")
     """The fields of prompts from data: handed to the task that reads the source, where it takes them."""
 
     @model_validator(mode="after")
