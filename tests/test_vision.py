@@ -55,6 +55,15 @@ def test_the_trainer_reads_the_pictures(batch):
     assert gap(lp, batch.fields["logprob"], batch.fields["response_mask"]) > 0.1
 
 
+def test_the_rollout_times_the_vision_tower_and_draws_it_in_the_timeline():
+    spec = og.load(VLM)
+    gen, ctx = build_node(spec, "generate")
+    gen.generate(0, prompts(spec, 0), Weights(0))
+    assert 0 < ctx.metrics["encoder_s"] and 0 < ctx.metrics["encoder_share"] < 1
+    (span,) = [s for s in ctx.spans if s[0] == "vision encoder"]
+    assert span[2] - span[1] >= ctx.metrics["encoder_s"] > 0
+
+
 def test_pictures_for_a_model_that_takes_none_say_so():
     spec = og.load(GRAPHS / "grpo_one_step_off.yaml")
     gen, _ = build_node(spec, "generate")

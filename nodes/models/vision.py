@@ -76,3 +76,39 @@ def image_key(pixels) -> int:
     if pixels is None:
         return 0
     return zlib.crc32(pixels.to(torch.float32).contiguous().numpy().tobytes()) + 1
+
+
+def tower(model):
+    """The model's vision tower (a submodule named ``vision_tower``, ``visual`` or ``vision_model``), or None."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in ("vision_tower", "visual", "vision_model"):
+            return module
+    return None
+
+
+class EncoderClock:
+    """Seconds the model's vision tower runs, from hooks on its forward: what share of generation (or of a
+    trainer's forward) the pictures cost. :meth:`take` returns ``(seconds, first start, last end)`` since the last
+    call (``(0.0, None, None)`` where the tower did not run)."""
+
+    def __init__(self, model):
+        import time
+
+        self.clock, self.seconds, self.first, self.last, self._at = time.perf_counter, 0.0, None, None, None
+        module = tower(model)
+        if module is not None:
+            module.register_forward_pre_hook(self._start)
+            module.register_forward_hook(self._end)
+
+    def _start(self, module, args) -> None:
+        self._at = self.clock()
+        self.first = self._at if self.first is None else self.first
+
+    def _end(self, module, args, out) -> None:
+        self.last = self.clock()
+        self.seconds += self.last - self._at
+
+    def take(self) -> tuple[float, float | None, float | None]:
+        out = (self.seconds, self.first, self.last)
+        self.seconds, self.first, self.last = 0.0, None, None
+        return out

@@ -160,6 +160,8 @@ class Rollout:
         tokens = float(out["response_mask"].sum())
         ctx.log(response_len=float(out["response_mask"].sum(1).mean()), returned_tokens=tokens,
                 gen_tokens_per_s=tokens / max(dt, 1e-9))
+        if "encoder_s" in out:                   # an image-text model: its vision tower's share of the firing
+            ctx.log(encoder_s=out["encoder_s"], encoder_share=out["encoder_s"] / max(dt, 1e-9))
         return batch
 
     # -- partial rollouts ------------------------------------------------------

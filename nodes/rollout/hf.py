@@ -32,7 +32,7 @@ from nodes.rollout import HfOptions
 from nodes.rollout.decode import StaticDecoder, bucket, use_gqa
 from nodes.models.tokens import token_logprobs
 from nodes.models.prefix import pictures, prefill
-from nodes.models.vision import image_key, processor
+from nodes.models.vision import EncoderClock, image_key, processor
 from nodes.rollout.base import Rollout
 
 
@@ -84,6 +84,7 @@ class Generate(Rollout):
         else:
             models.contiguous(self.model)       # new weights arrive in one copy (copy_into coalesces)
         self.processor = processor(ctx.model.dir)       # an image-text model's (None for a text model)
+        self.encoder = EncoderClock(self.model) if self.processor is not None else None
         self.stops = self.stop_ids()
         self.stopper = _FaultPoint(ctx)
         self._targets: dict = {}                   # payload -> the model's own tensors (stable: written in place)
@@ -199,6 +200,8 @@ class Generate(Rollout):
         mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts]).repeat_interleave(n, 0)
         torch.manual_seed(seed)
         temp = max(s.temperature, 1e-6)
+        if self.encoder is not None:
+            self.encoder.take()
         rows = None if pixels is None else [pixels[i // n] for i in range(len(prompts) * n)]
         keys = None if rows is None else torch.tensor([image_key(p) for p in rows], device=self.device)
         if self.decoder is not None and rows is None:                 # static cache, compiled step
@@ -232,6 +235,10 @@ class Generate(Rollout):
         alive = torch.nn.functional.pad(alive, (0, pad))
         lp = torch.nn.functional.pad(lp, (0, pad))
         texts_out = [tok.decode(row[m > 0].tolist(), skip_special_tokens=True) for row, m in zip(comp, alive)]
-        return {"input_ids": torch.cat([ids, comp], 1),
-                "attention_mask": torch.cat([mask, alive.long()], 1),
-                "response_mask": alive, "logprob": lp, "completion": texts_out, "prompt_len": P}
+        out = {"input_ids": torch.cat([ids, comp], 1), "attention_mask": torch.cat([mask, alive.long()], 1),
+               "response_mask": alive, "logprob": lp, "completion": texts_out, "prompt_len": P}
+        if self.encoder is not None:
+            out["encoder_s"], first, last = self.encoder.take()      # the vision tower's part, for the timeline
+            if first is not None and not greedy:
+                self.ctx.span("vision encoder", first, last)
+        return out
