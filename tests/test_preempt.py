@@ -49,6 +49,7 @@ AGENT = ["nodes.generate.env=null",        # the copy_chain episodes played by a
 @pytest.mark.parametrize("graph, executor, extra", [
     ("grpo_one_step_off", "local", []), ("grpo_one_step_off", "ray", []),
     ("grpo_partial", "local", []),                   # unfinished groups in the checkpoint
+    ("vlm_one_step_off", "ray", []),                 # pictures in the prompts, a batch of them in the checkpoint
     ("grpo_multiturn", "ray", AGENT),                # agent programs: the same episodes after the resume
     ("grpo_multiturn", "local", AGENT + [            # agents in flight in the checkpoint, run again from it
         "nodes.generate.partial={budget_tokens: 4, max_spans: 3}", "schedule.max_staleness=3"])])
