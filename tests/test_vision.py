@@ -64,6 +64,16 @@ def test_the_rollout_times_the_vision_tower_and_draws_it_in_the_timeline():
     assert span[2] - span[1] >= ctx.metrics["encoder_s"] > 0
 
 
+def test_the_update_times_the_vision_tower_in_its_forwards(batch):
+    spec = og.load(VLM, ["nodes.update.mini_batch_size=64"])
+    shared = {}
+    scored = build_node(spec, "reward")[0].score(0, batch)
+    scored = build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, scored)
+    upd, ctx = build_node(spec, "update", shared=shared)
+    upd.train(1, scored)
+    assert 0 < ctx.metrics["update_encoder_s"] and 0 < ctx.metrics["update_encoder_share"] < 1
+
+
 def test_pictures_for_a_model_that_takes_none_say_so():
     spec = og.load(GRAPHS / "grpo_one_step_off.yaml")
     gen, _ = build_node(spec, "generate")

@@ -32,6 +32,7 @@ from omnigraph.sdk import NodeContext, SampleBatch
 from omnigraph.sdk.adapters import torch as torch_adapter
 
 from nodes import models
+from nodes.models import vision
 from nodes.trainer import sharded
 from nodes.trainer.buckets import length_buckets
 from nodes.models.tokens import entropy, token_logprobs
@@ -66,6 +67,8 @@ class Policy:
         if self.lora is not None:
             self.model = models.with_lora(self.model, self.lora)
         self.sharded = ctx.sharding == "fsdp"
+        # an image-text model: its vision tower's forward time, for the update's share (nodes.models.vision)
+        self.encoder = vision.EncoderClock(self.model) if vision.is_vision(path) else None
         if self.lora is None and not self.sharded:
             models.contiguous(self.model)       # sync exports it in one cast (its pack has the same order)
         self.lr, self.weight_decay = ctx.policy.lr, ctx.policy.weight_decay

@@ -20,6 +20,7 @@ trainer's state (``nonfinite_skipped``, ``nonfinite_in_a_row``).
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -51,6 +52,9 @@ class Update:
         s, pol = self.options, self.policy
         model = pol.model
         model.train()
+        t0 = time.perf_counter()
+        if pol.encoder is not None:
+            pol.encoder.take()
         n = len(batch)
         dp = self.ctx.collectives        # several trainer actors: one optimizer over the whole batch
         pol.prepare(dp)
@@ -135,6 +139,9 @@ class Update:
         self.ctx.log(**{k: (max(v) if k.endswith("_max") else
                             sum(v) / (minis if k in PER_MINI_BATCH else 1) if k != "trainer_state_mb" else v[0])
                         for k, v in stats.items()})
+        if pol.encoder is not None:          # the vision tower's forwards: their share of this update
+            secs = pol.encoder.take()[0]
+            self.ctx.log(update_encoder_s=secs, update_encoder_share=secs / max(time.perf_counter() - t0, 1e-9))
 
     # -- the guard against non-finite values (nodes.nonfinite) -------------------------------------------
     def _corrupt(self, adv, behav, old, fused: bool):
