@@ -8,10 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 import omnigraph as og
 from omnigraph.sdk import ConfigError, Weights
-from omnigraph.testing import build_node, prompts
+from omnigraph.testing import build_node, export, prompts
 
 from nodes.tasks.shapes import Shapes
 
@@ -72,6 +73,25 @@ def test_the_update_times_the_vision_tower_in_its_forwards(batch):
     upd, ctx = build_node(spec, "update", shared=shared)
     upd.train(1, scored)
     assert 0 < ctx.metrics["update_encoder_s"] and 0 < ctx.metrics["update_encoder_share"] < 1
+
+
+@pytest.mark.parametrize("payload", ["full", "lora"])
+def test_after_a_sync_the_rollout_samples_what_the_trainer_scores(payload):
+    lora = ["nodes.update.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"] if payload == "lora" else []
+    spec = og.load(VLM, ["nodes.update.mini_batch_size=64", f"nodes.sync.payload={payload}", *lora])
+    shared = {}
+    sync, _ = build_node(spec, "sync", shared=shared)
+    with torch.no_grad():          # weights the rollout has not seen: the language model's and the tower's
+        for name, p in sync.policy.model.named_parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    gen, _ = build_node(spec, "generate")
+    gen.load_weights(export(spec, sync, 1))
+    batch = gen.generate(0, prompts(spec, 0), Weights(version=1))
+    old = build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, batch).fields["old_logprob"]
+    assert gap(old, batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4
+    before = build_node(og.load(VLM), "generate")[0].generate(0, prompts(spec, 0), Weights(version=0))
+    assert not torch.equal(before.fields["logprob"], batch.fields["logprob"])       # the sync changed the rollout
 
 
 def test_pictures_for_a_model_that_takes_none_say_so():
