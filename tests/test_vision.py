@@ -94,6 +94,31 @@ def test_after_a_sync_the_rollout_samples_what_the_trainer_scores(payload):
     assert not torch.equal(before.fields["logprob"], batch.fields["logprob"])       # the sync changed the rollout
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_frozen_vision_tower_stays_as_it_was_and_the_rest_learns(batch, lora):
+    from nodes.models.vision import tower
+    adapters = ["nodes.update.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}",
+                "nodes.sync.payload=lora"] if lora else []
+    spec = og.load(VLM, ["nodes.update.mini_batch_size=64", "model.freeze=[vision]", *adapters])
+    shared = {}
+    scored = build_node(spec, "reward")[0].score(0, batch)
+    scored = build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, scored)
+    upd, _ = build_node(spec, "update", shared=shared)
+    model = upd.policy.model
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    upd.train(1, scored)
+    inside = {n for n, p in model.named_parameters() if any(p is q for q in tower(model).parameters())}
+    moved = {k for k, v in model.named_parameters() if not torch.equal(before[k], v.detach())}
+    assert inside and not moved & inside and moved
+
+
+def test_freezing_a_tower_a_model_does_not_have_is_refused():
+    spec = og.load(GRAPHS / "grpo_one_step_off.yaml", ["model.freeze=[vision]"])
+    with pytest.raises(ConfigError, match="no vision tower to freeze") as e:
+        build_node(spec, "update")
+    assert e.value.where == "model.freeze"
+
+
 def test_pictures_for_a_model_that_takes_none_say_so():
     spec = og.load(GRAPHS / "grpo_one_step_off.yaml")
     gen, _ = build_node(spec, "generate")

@@ -28,7 +28,7 @@ import contextlib
 
 import torch
 
-from omnigraph.sdk import NodeContext, SampleBatch
+from omnigraph.sdk import ConfigError, NodeContext, SampleBatch
 from omnigraph.sdk.adapters import torch as torch_adapter
 
 from nodes import models
@@ -66,6 +66,8 @@ class Policy:
         self.lora = ctx.policy.lora
         if self.lora is not None:
             self.model = models.with_lora(self.model, self.lora)
+        if "vision" in ctx.model.freeze:
+            self._freeze_tower(ctx.model.name)
         self.sharded = ctx.sharding == "fsdp"
         # an image-text model: its vision tower's forward time, for the update's share (nodes.models.vision)
         self.encoder = vision.EncoderClock(self.model) if vision.is_vision(path) else None
@@ -75,6 +77,15 @@ class Policy:
         # a sharded model gets its optimizer once it is sharded (prepare): AdamW holds its DTensor shards
         self.opt = None if self.sharded else self._optimizer()
         self.ref = None
+
+    def _freeze_tower(self, name: str) -> None:
+        """``model.freeze: [vision]``: no gradient, so no update, for the vision tower (nor its LoRA adapters)."""
+        tower = vision.tower(self.model)
+        if tower is None:
+            raise ConfigError(f"'{name}' has no vision tower to freeze", where="model.freeze",
+                              fix="remove vision from model.freeze, or use an image-text model")
+        for p in tower.parameters():
+            p.requires_grad_(False)
 
     def _optimizer(self):
         params = [p for p in self.model.parameters() if p.requires_grad]

@@ -37,7 +37,7 @@ def context(plan, node: str, actor: str, shared: dict, faults=None) -> NodeConte
     spec = g.spec
     a = plan.actors[actor]
     n = g.nodes[node]
-    model = ModelInfo(spec.model.path, model_dtype(plan, actor), spec.model.seed)
+    model = ModelInfo(spec.model.path, model_dtype(plan, actor), spec.model.seed, freeze=tuple(spec.model.freeze))
     model.resolve = lambda: Path(plugins.model_dir(spec.model.path, spec.model.seed, log=lambda _: None))
     return NodeContext(name=node, kind=n.kind, options=n.spec, model=model, policy=g.policy,
                        run=RunInfo(spec.task.prompts, spec.task.samples_per_prompt, spec.schedule.iterations,

@@ -45,6 +45,9 @@ class ModelSpec(Strict):
     elsewhere, decided per pool and printed in the plan (:mod:`omnigraph.planning.precision`)."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seed for building the embedded model's weights."""
+    freeze: list[Literal["vision"]] = []
+    """Parts of the model the update leaves as they are: ``vision``, an image-text model's vision tower (the
+    usual recipe: the language model and the projector learn, the tower's weights and its LoRA adapters do not)."""
 
 
 class TaskSpec(Strict):

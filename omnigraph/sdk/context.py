@@ -66,6 +66,8 @@ class ModelInfo:
     seed: int
     resolve: Callable[[], Path] = field(repr=False, default=None)  # type: ignore[assignment]
     _dir: Path | None = field(default=None, repr=False)
+    freeze: tuple[str, ...] = ()
+    """``model.freeze``: parts of the model the update leaves as they are (``vision``)."""
 
     @property
     def dir(self) -> Path:
