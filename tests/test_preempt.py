@@ -50,6 +50,8 @@ AGENT = ["nodes.generate.env=null",        # the copy_chain episodes played by a
     ("grpo_one_step_off", "local", []), ("grpo_one_step_off", "ray", []),
     ("grpo_partial", "local", []),                   # unfinished groups in the checkpoint
     ("vlm_one_step_off", "ray", []),                 # pictures in the prompts, a batch of them in the checkpoint
+    ("vlm_one_step_off", "local", [                  # prompts with pictures unfinished in the checkpoint
+        "nodes.generate.partial={budget_tokens: 2, max_spans: 4}", "schedule.max_staleness=4"]),
     ("grpo_multiturn", "ray", AGENT),                # agent programs: the same episodes after the resume
     ("grpo_multiturn", "local", AGENT + [            # agents in flight in the checkpoint, run again from it
         "nodes.generate.partial={budget_tokens: 4, max_spans: 3}", "schedule.max_staleness=3"])])

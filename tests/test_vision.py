@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import omnigraph as og
-from omnigraph.sdk import ConfigError, Weights
+from omnigraph.sdk import ConfigError, SampleBatch, Weights
 from omnigraph.testing import build_node, export, prompts
 
 from nodes.tasks.shapes import Shapes
@@ -117,6 +117,49 @@ def test_freezing_a_tower_a_model_does_not_have_is_refused():
     with pytest.raises(ConfigError, match="no vision tower to freeze") as e:
         build_node(spec, "update")
     assert e.value.where == "model.freeze"
+
+
+def test_with_partial_rollouts_a_prompt_keeps_its_pictures_across_firings():
+    spec = og.load(VLM, ["nodes.generate.partial={budget_tokens: 2, max_spans: 4}", "schedule.max_staleness=4",
+                         "nodes.update.mini_batch_size=64"])
+    gen, ctx = build_node(spec, "generate")
+    batches = []
+    for step in range(4):                   # the last firing (max_spans) ends every group begun in the first
+        batches.append(gen.generate(step, prompts(spec, step), Weights(0)))
+        if step == 0:
+            assert ctx.metrics["carried_groups_out"] > 0         # colour names are longer than one firing's budget
+    batch = SampleBatch.concat([b for b in batches if len(b)])
+    assert max(batch.fields["spans"]) > 1 and len(batch.fields["pixel_values"]) == len(batch)
+    old = build_node(spec, "old_logprob")[0].logprobs(0, batch).fields["old_logprob"]
+    assert gap(old, batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4
+
+
+def test_the_image_placeholder_is_never_sampled_even_where_the_policy_favours_it():
+    from nodes.models.vision import placeholder_ids
+    spec = og.load(VLM, ["nodes.update.mini_batch_size=64"])
+    shared = {}
+    sync, _ = build_node(spec, "sync", shared=shared)
+    model = sync.policy.model
+    (image,) = placeholder_ids(model)
+    gen, _ = build_node(spec, "generate")
+    seen = gen.generate(0, prompts(spec, 0), Weights(version=0)).fields
+    with torch.no_grad():          # <image>'s output row along the mean final hidden state: it wins every step
+        h = model(input_ids=seen["input_ids"], attention_mask=seen["attention_mask"], output_hidden_states=True,
+                  pixel_values=torch.cat(seen["pixel_values"])).hidden_states[-1].flatten(0, 1).mean(0)
+        model.get_output_embeddings().weight[image] = 50 * h / h.norm()
+    gen.load_weights(export(spec, sync, 1))
+    batch = gen.generate(0, prompts(spec, 0), Weights(version=1))
+    P = batch.meta["prompt_len"]
+    assert not (batch.fields["input_ids"][:, P:] == image).any()
+    old = old_logprob_with(spec, shared, batch, share=False)          # the whole rows through the tower: no stray
+    assert gap(old, batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4
+
+
+def old_logprob_with(spec, shared, batch, share: bool):
+    node = build_node(og.load(VLM, ["nodes.update.mini_batch_size=64",
+                                    f"nodes.old_logprob.share_prompts={str(share).lower()}"]), "old_logprob",
+                      shared=shared)[0]
+    return node.logprobs(0, batch).fields["old_logprob"]
 
 
 def test_pictures_for_a_model_that_takes_none_say_so():

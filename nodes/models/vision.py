@@ -68,6 +68,13 @@ def encode(proc, prompt, text: str, head: list[int]):
     return head + enc["input_ids"][0].tolist(), enc["pixel_values"].float()
 
 
+def placeholder_ids(model) -> list[int]:
+    """The ids of the model's image (and video) placeholder tokens (from its config), never to be sampled."""
+    config = getattr(model, "config", model)
+    ids = [getattr(config, k, None) for k in ("image_token_id", "image_token_index", "video_token_id")]
+    return sorted({i for i in ids if isinstance(i, int) and i >= 0})
+
+
 def image_key(pixels) -> int:
     """A number for one sample's pictures (``0``: none) that differs where the pictures differ: two prompts
     of the same text are one prompt only when their pictures are the same too."""

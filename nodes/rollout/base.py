@@ -167,12 +167,10 @@ class Rollout:
     # -- partial rollouts ------------------------------------------------------
     def _generate_partial(self, step: int, prompts: list[Prompt], weights: Weights) -> SampleBatch:
         ctx = self.ctx
-        if any(p.images for p in prompts):
-            raise ValueError("prompts with pictures are not carried across firings yet: partial rollouts "
-                             "(nodes.generate.partial) need prompts of text")
         t0 = time.perf_counter()
-        done = self.carry.fire(step, prompts, [self.encode(p) for p in prompts], ctx.run.samples_per_prompt,
-                               weights.version, self.continue_rows, step_seed(ctx.seed, step, ctx.rank))
+        ids, pixels = self.encode_all(prompts)
+        done = self.carry.fire(step, prompts, ids, ctx.run.samples_per_prompt, weights.version, self.continue_rows,
+                               step_seed(ctx.seed, step, ctx.rank), pixels)
         stats = self.carry.stats
         ctx.log(**stats)
         label = f"{stats['partial_rows'] - stats['carried_rows']:.0f} new + {stats['carried_rows']:.0f} carried rows"
@@ -233,6 +231,9 @@ class Rollout:
                   "completion": [tok.decode(s.tokens, skip_special_tokens=True) for _, s in samples],
                   "target": [g.prompt.meta.get("target", "") for g, _ in samples],
                   "meta": [g.prompt.meta for g, _ in samples]}
+        if any(s.pixels is not None for _, s in samples):        # prompts with pictures: theirs, for the trainer
+            fields["pixel_values"] = [s.pixels for _, s in samples]
+            fields["image_key"] = torch.tensor([image_key(s.pixels) for _, s in samples], dtype=torch.long)
         meta = {"prompt_len": P, "temperature": self.options.temperature,
                 "prompt_aligned": {"input_ids": tok.pad_token_id, "attention_mask": 0}}
         return SampleBatch(step, [g.prompt.group for g, _ in samples], lo, hi, fields, meta)

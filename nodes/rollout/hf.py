@@ -32,7 +32,7 @@ from nodes.rollout import HfOptions
 from nodes.rollout.decode import StaticDecoder, bucket, use_gqa
 from nodes.models.tokens import token_logprobs
 from nodes.models.prefix import pictures, prefill
-from nodes.models.vision import EncoderClock, image_key, processor
+from nodes.models.vision import EncoderClock, image_key, placeholder_ids, processor
 from nodes.rollout.base import Rollout
 
 
@@ -85,6 +85,8 @@ class Generate(Rollout):
             models.contiguous(self.model)       # new weights arrive in one copy (copy_into coalesces)
         self.processor = processor(ctx.model.dir)       # an image-text model's (None for a text model)
         self.encoder = EncoderClock(self.model) if self.processor is not None else None
+        # an image-text model never samples its image placeholders (nodes.models.tokens); None: nothing suppressed
+        self.suppress = (placeholder_ids(self.model) or None) if self.processor is not None else None
         self.stops = self.stop_ids()
         self.stopper = _FaultPoint(ctx)
         self._targets: dict = {}                   # payload -> the model's own tensors (stable: written in place)
@@ -161,10 +163,11 @@ class Generate(Rollout):
     # -- sampling ------------------------------------------------------------
     @torch.no_grad()
     def continue_rows(self, rows: list[list[int]], budgets: list[int], *, seed: int, deadline: float | None = None,
-                      final: list[bool] | None = None) -> list[tuple[list[int], list[float], bool]]:
+                      final: list[bool] | None = None, pixels: list | None = None) -> list[tuple[list[int], list[float], bool]]:
         """Partial rollouts (:mod:`nodes.rollout.partial`): sample at most ``budgets[i]`` more tokens after each row
         (a prompt and the tokens sampled so far), all rows in one batch; ``(tokens, logprobs, stopped)`` each.
-        Always eager ``generate`` (a per-row budget and a deadline stop rows mid-batch), also on CUDA."""
+        Always eager ``generate`` (a per-row budget and a deadline stop rows mid-batch), also on CUDA. ``pixels``:
+        each row's prompt's pixel values (prompts with pictures), read again in every firing."""
         tok, s = self.tok, self.options
         P = max(len(r) for r in rows)
         ids = torch.tensor([[tok.pad_token_id] * (P - len(r)) + r for r in rows])
@@ -172,12 +175,16 @@ class Generate(Rollout):
         budget = _Budget(self.ctx, P, budgets, deadline, final or [False] * len(rows))
         torch.manual_seed(seed)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=prefill(self.model, ids, mask),
+        keys = None if pixels is None else torch.tensor([image_key(p) for p in pixels], device=self.device)
+        cache = prefill(self.model, ids, mask, keys, pixels)
+        seen = {} if cache is not None else pictures(pixels, range(len(rows)), self.device)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **seen,
                                   do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0,
                                   max_new_tokens=max(budgets), eos_token_id=self.stops, pad_token_id=tok.pad_token_id,
-                                  output_logits=True, return_dict_in_generate=True, stopping_criteria=[budget])
+                                  output_logits=True, return_dict_in_generate=True, stopping_criteria=[budget],
+                                  suppress_tokens=self.suppress)
         comp = out.sequences[:, P:]
-        lp = token_logprobs(torch.stack(out.logits, dim=1), comp, max(s.temperature, 1e-6)).cpu()
+        lp = token_logprobs(torch.stack(out.logits, dim=1), comp, max(s.temperature, 1e-6), self.suppress).cpu()
         comp = comp.cpu().tolist()
         stops = set(self.stops)
         res = []
@@ -219,7 +226,7 @@ class Generate(Rollout):
                                       top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None,
                                       max_new_tokens=C, eos_token_id=self.stops,
                                       pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True,
-                                      stopping_criteria=[self.stopper])
+                                      stopping_criteria=[self.stopper], suppress_tokens=self.suppress)
             comp, lp = out.sequences[:, P:], None
             logits = torch.stack(out.logits, dim=1)                   # [B, c, V], c <= C
         c = comp.shape[1]
@@ -228,7 +235,7 @@ class Generate(Rollout):
         ended = (stop.cumsum(1) - stop.long()) > 0                    # tokens after the first stop
         alive[ended] = 0.0
         comp = comp.masked_fill(ended, tok.pad_token_id)
-        lp = (lp if lp is not None else token_logprobs(logits, comp, temp)) * alive
+        lp = (lp if lp is not None else token_logprobs(logits, comp, temp, self.suppress)) * alive
         comp, alive, lp = comp.cpu(), alive.cpu(), lp.cpu()           # the batch travels as host tensors
         pad = C - c
         comp = torch.nn.functional.pad(comp, (0, pad), value=tok.pad_token_id)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from omnigraph.sdk import Prompt
 
@@ -41,6 +42,8 @@ class Sample:
     done: bool = False
     before: int = 0
     """Tokens it had when the current firing began (carried tokens)."""
+    pixels: Any = None
+    """The prompt's pixel values (prompts with pictures), read again by every firing that continues it."""
 
 
 @dataclass
@@ -65,11 +68,13 @@ class Carry:
         return sorted(self.groups)
 
     def fire(self, step: int, prompts: list[Prompt], ids: list[list[int]], k: int, version: int, sampler,
-             seed: int) -> list[Group]:
-        """Decode one firing; return the finished groups (in group order), keep the rest."""
+             seed: int, pixels: list | None = None) -> list[Group]:
+        """Decode one firing; return the finished groups (in group order), keep the rest. ``pixels``: each
+        prompt's pixel values, where the prompts have pictures."""
         carried = len(self.groups)
-        for p, row in zip(prompts, ids):
-            self.groups[p.group] = Group(p, [Sample(list(row)) for _ in range(k)], step)
+        for i, (p, row) in enumerate(zip(prompts, ids)):
+            shown = None if pixels is None else pixels[i]
+            self.groups[p.group] = Group(p, [Sample(list(row), pixels=shown) for _ in range(k)], step)
         rows = [s for g in self.groups.values() for s in g.samples if not s.done]
         drain = step >= self.last
         final = [drain or s.spans + 1 >= self.spec.max_spans for s in rows]
@@ -114,8 +119,11 @@ class Carry:
                            ([i for i, s in enumerate(rows) if s.spans == 0], 0)):
             if not part:
                 continue
+            shown = [rows[i].pixels for i in part]
+            extra = {"pixels": shown} if any(p is not None for p in shown) else {}
             got = sampler([rows[i].prompt + rows[i].tokens for i in part], [budgets[i] for i in part],
-                          seed=(seed + salt * 0x9E3779B1) % 2**32, deadline=deadline, final=[final[i] for i in part])
+                          seed=(seed + salt * 0x9E3779B1) % 2**32, deadline=deadline, final=[final[i] for i in part],
+                          **extra)
             for i, r in zip(part, got):
                 out[i] = r
         return out

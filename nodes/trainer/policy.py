@@ -71,6 +71,7 @@ class Policy:
         self.sharded = ctx.sharding == "fsdp"
         # an image-text model: its vision tower's forward time, for the update's share (nodes.models.vision)
         self.encoder = vision.EncoderClock(self.model) if vision.is_vision(path) else None
+        self.suppress = vision.placeholder_ids(self.model) if vision.is_vision(path) else None   # never sampled
         if self.lora is None and not self.sharded:
             models.contiguous(self.model)       # sync exports it in one cast (its pack has the same order)
         self.lr, self.weight_decay = ctx.policy.lr, ctx.policy.weight_decay
@@ -172,7 +173,7 @@ class Policy:
             # completion token is predicted (positions P-1 .. P+c-2), not over the prompt
             logits = completion_logits(model, ids, mask, position_ids(mask), P, share=share, keys=keys, pixels=pixels)
         pad = (0, C - c)
-        lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature), pad)
+        lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature, self.suppress), pad)
         if not with_entropy:
             return lp
-        return lp, torch.nn.functional.pad(entropy(logits.detach(), temperature), pad)
+        return lp, torch.nn.functional.pad(entropy(logits.detach(), temperature, self.suppress), pad)
