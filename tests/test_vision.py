@@ -199,6 +199,19 @@ def test_rows_with_picture_paths_reach_the_model_and_the_trainer(tmp_path):
     assert gap(old_logprob(batch), batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4
 
 
+def test_a_prompt_limit_counts_the_tokens_each_picture_expands_to(tmp_path):
+    from omnigraph import plugins
+    from nodes.tasks.prompting import encode_pictures, picture_lengths
+    src = picture_data(tmp_path)
+    gen, _ = build_node(og.load(VLM), "generate")
+    shown = prompts(og.load(VLM, [DATA.format(src)]), 0)
+    assert picture_lengths(gen.tok, gen.processor, shown) == [len(encode_pictures(gen.tok, gen.processor, p)[0])
+                                                             for p in shown] == [24] * len(shown)
+    over = DATA.format(src).replace("}", ", max_prompt_tokens: 20, on_long: error}")
+    with pytest.raises(og.GraphError, match=r"longer than max_prompt_tokens = 20 \(row 0: 24 tokens\)"):
+        plugins.make_task(og.load(VLM, [over]))
+
+
 def damage(path: Path, how: str) -> None:
     from PIL import Image
     if how == "missing":

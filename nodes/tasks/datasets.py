@@ -34,7 +34,7 @@ from omnigraph.sdk import ConfigError, Options, Prompt
 
 from nodes.tasks.files import parse_split, fingerprint, resolve_source, load_splits, context_length, blank
 from nodes.tasks import pictures
-from nodes.tasks.prompting import lengths
+from nodes.tasks.prompting import lengths, picture_lengths
 
 
 class Template:
@@ -143,7 +143,7 @@ class DataTask:
             raise ConfigError(f"row {i}{self._named(row)} of split '{spec}' has no {kind}: {why} ({len(missing)} "
                               f"row(s) of the split have no prompt or answer)", where=f"task.{kind}",
                               fix=f"fill in the rows' {kind}, or set task.on_missing: filter to leave them out")
-        sizes = lengths(self._tokenizer(), [p for _, _, p in read], self.model_name) if self.limit else []
+        sizes = self._lengths([p for _, _, p in read]) if self.limit else []
         long = [(i, n) for (i, _, _), n in zip(read, sizes) if n > self.limit["tokens"]]
         if long and self.on_long == "error":
             i, n = long[0]
@@ -244,6 +244,14 @@ class DataTask:
             from transformers import AutoTokenizer      # heavy: only a length limit needs the tokenizer
             self._tok = AutoTokenizer.from_pretrained(str(self._model()))
         return self._tok
+
+    def _lengths(self, prompts: list[Prompt]) -> list[int]:
+        """Each prompt's length in the model's tokens; a picture counts the image tokens it expands to."""
+        if self.image is None:
+            return lengths(self._tokenizer(), prompts, self.model_name)
+        from nodes.models.vision import processor
+        proc = processor(self._model())
+        return picture_lengths(self._tokenizer(), proc, prompts, self.model_name)
 
     def _limit(self, max_new_tokens: int | None) -> dict[str, int] | None:
         """The longest prompt in tokens: ``max_prompt_tokens``; else the model's context less the graph's largest

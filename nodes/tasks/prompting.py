@@ -29,19 +29,48 @@ def encode_pictures(tok, proc, prompt: Prompt, model_name: str = "the model"):
     model's processor, ``None`` for a model that takes no pictures."""
     from nodes.models import vision
 
+    head, text = _picture_parts(tok, proc, prompt, model_name)
+    return vision.encode(proc, prompt, text, head)
+
+
+def picture_lengths(tok, proc, prompts: list[Prompt], model_name: str = "the model") -> list[int]:
+    """``[len(encode_pictures(tok, proc, p)[0]) for p in prompts]`` without computing a pixel: each picture
+    counts the tokens the processor says a picture of its size expands to (read from the file's header)."""
+    import io
+
+    from PIL import Image
+
+    from omnigraph.sdk.adapters.transformers import image_token_counts
+    from nodes.models import vision
+
+    out = []
+    for p in prompts:
+        head, text = _picture_parts(tok, proc, p, model_name)
+        counts = image_token_counts(proc, [Image.open(io.BytesIO(b)).size[::-1] for b in p.images])
+        if counts is None:                      # a processor that does not say: run it
+            out.append(len(encode_pictures(tok, proc, p, model_name)[0]))
+            continue
+        token = getattr(proc, "image_token", vision.PLACEHOLDER)
+        text = text.replace(vision.PLACEHOLDER, token) if token != vision.PLACEHOLDER else text
+        n = len(head) + len(tok(text, add_special_tokens=False).input_ids)
+        out.append(n + sum(counts) - len(counts) * len(tok(token, add_special_tokens=False).input_ids))
+    return out
+
+
+def _picture_parts(tok, proc, prompt: Prompt, model_name: str) -> tuple[list[int], str]:
+    """:func:`_parts` for a prompt with pictures: chat rendered by the processor's template (image parts and
+    all; else the tokenizer's)."""
     if proc is None:
         raise ConfigError(f"the task's prompts have pictures but '{model_name}' takes none (its config has no "
                           "vision tower)", where="model.path",
-                          fix="use an image-text model (LLaVA, Qwen2-VL, SmolVLM, ...; the embedded one is "
-                              "tiny-vl), or a task without pictures")
-    if prompt.chat or prompt.messages:        # the processor's template renders image parts (else the tokenizer's)
+                          fix="use an image-text model (LLaVA and its kind; the embedded one is tiny-vl), or a "
+                              "task without pictures")
+    if prompt.chat or prompt.messages:
         owner = proc if getattr(proc, "chat_template", None) else tok
         if not getattr(owner, "chat_template", None):
             _parts(tok, prompt, model_name)       # says there is no chat template
-        text = owner.apply_chat_template(messages(prompt), add_generation_prompt=True, tokenize=False)
-        return vision.encode(proc, prompt, text, [])
-    head, text = _parts(tok, prompt, model_name)
-    return vision.encode(proc, prompt, text, head)
+        return [], owner.apply_chat_template(messages(prompt), add_generation_prompt=True, tokenize=False)
+    return _parts(tok, prompt, model_name)
 
 
 def lengths(tok, prompts: list[Prompt], model_name: str = "the model", batch: int = 1024) -> list[int]:

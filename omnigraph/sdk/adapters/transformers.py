@@ -10,6 +10,8 @@
 - ``transformers.integrations.sdpa_attention.sdpa_attention_forward`` and ``transformers.masking_utils.sdpa_mask``:
   transformers' own ``sdpa`` attention and its masks, which an attention registered under a new name falls
   back to and reuses (internal modules, not exported at the top level);
+- ``ProcessorMixin._get_num_multimodal_tokens``: how many tokens a picture of a given size expands to, by an
+  image-text model's processor (the prompt-length check of data with pictures counts them);
 - ``DynamicCache.layers[i].keys`` / ``.values``: a cache's tensors, which :func:`repeat_cache_rows` expands with
   ``index_select`` (``DynamicCache.batch_select_indices`` indexes them, and the backward of an index with
   repeated rows adds its gradients in an order that varies from run to run on a CPU with several threads).
@@ -89,3 +91,17 @@ def repeat_cache_rows(cache, index) -> None:
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
             layer.keys = layer.keys.index_select(0, index)
             layer.values = layer.values.index_select(0, index)
+
+
+def image_token_counts(processor, sizes: list[tuple[int, int]]) -> list[int] | None:
+    """The tokens each picture of ``(height, width)`` in ``sizes`` expands to, by ``processor``'s own count;
+    None where the processor does not say."""
+    check_version()
+    count = getattr(processor, "_get_num_multimodal_tokens", None)
+    if count is None or not sizes:
+        return None if count is None else []
+    data = count(image_sizes=[list(s) for s in sizes])
+    found = getattr(data, "num_image_tokens", None)
+    if found is None and isinstance(data, dict):
+        found = data.get("num_image_tokens")
+    return None if found is None else [int(n) for n in found]
