@@ -162,6 +162,17 @@ def old_logprob_with(spec, shared, batch, share: bool):
     return node.logprobs(0, batch).fields["old_logprob"]
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_a_multi_turn_episode_reads_its_pictures_every_turn(share):
+    env = "nodes.generate.env={name: copy_chain, max_turns: 2, max_tokens: 24, options: {rounds: 2}}"
+    spec = og.load(VLM, [env, "nodes.update.mini_batch_size=64"])
+    gen, ctx = build_node(spec, "generate")
+    batch = gen.generate(0, prompts(spec, 0), Weights(0))
+    assert ctx.metrics["turns_mean"] > 1 and len(batch.fields["pixel_values"]) == len(batch)
+    lp = old_logprob(batch, f"nodes.old_logprob.share_prompts={str(share).lower()}", env)
+    assert gap(lp, batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4
+
+
 def test_pictures_for_a_model_that_takes_none_say_so():
     spec = og.load(GRAPHS / "grpo_one_step_off.yaml")
     gen, _ = build_node(spec, "generate")

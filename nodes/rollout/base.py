@@ -109,9 +109,9 @@ class Rollout:
         """Completions (single-turn), episodes (``env:``) or agent runs (``agent:``): the samples, each one's
         meta, and each one's prompt (an index of ``prompts``; ``n`` samples each, or more where an agent's
         episode was split)."""
-        if (self.agents is not None or self.episodes is not None) and any(p.images for p in prompts):
-            raise ValueError("prompts with pictures are sampled one completion each: multi-turn episodes (env:) "
-                             "and agent programs (agent:) do not carry pictures yet")
+        if self.agents is not None and any(p.images for p in prompts):
+            raise ValueError("agent programs (agent:) do not carry the task's pictures yet: its prompts with "
+                             "pictures need a rollout without agent:")
         if self.agents is not None:
             out, eps = self.agents.run(prompts, n, greedy=greedy, seed=seed)
             self.agents.report()

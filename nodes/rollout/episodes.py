@@ -34,6 +34,7 @@ import torch
 
 from omnigraph.sdk import ConfigError, EnvStep, Prompt, load, options_model
 
+from nodes.models.vision import image_key
 from nodes.tasks.prompting import messages
 
 
@@ -98,6 +99,7 @@ class Episode:
     info: dict[str, Any] = field(default_factory=dict)
     pending: Future | None = None
     stopped: bool = False           # the model's last turn ended with a stop token
+    pixels: Any = None              # the first prompt's pixel values (prompts with pictures), read every turn
 
     def left(self, budget: int) -> int:
         return budget - len(self.tokens)
@@ -177,11 +179,13 @@ class Episodes:
     def run(self, prompts: list[Prompt], n: int, *, greedy: bool, seed: int) -> tuple[dict, list[Episode]]:
         r, spec, opts = self.rollout, self.spec, self.rollout.options
         eps = []
-        for p in prompts:
+        first, pixels = r.encode_all(prompts)
+        for i, p in enumerate(prompts):
             for _ in range(n):
-                ids = r.encode(p)
+                ids = list(first[i])
                 chat = messages(p) if (p.chat or p.messages) else None
-                eps.append(Episode(p, self.cls(p, **self.env_kwargs), ids, len(ids), chat))
+                eps.append(Episode(p, self.cls(p, **self.env_kwargs), ids, len(ids), chat,
+                                   pixels=None if pixels is None else pixels[i]))
         t_start = time.perf_counter()
         waited = 0.0
         for f in [self.loop.submit(e.env.reset) for e in eps if hasattr(e.env, "reset")]:
@@ -204,8 +208,9 @@ class Episodes:
                 busy = True
                 cap = min(opts.max_new_tokens, max(e.left(spec.max_tokens) for e in live))
                 t0 = time.perf_counter()
+                shown = {} if pixels is None else {"pixels": [e.pixels for e in live]}
                 out = r.sample([e.ids for e in live], 1, greedy=greedy, seed=(seed + 7919 * calls) % 2**31,
-                               max_new_tokens=cap)
+                               max_new_tokens=cap, **shown)
                 gen_s += time.perf_counter() - t0
                 self.spans.append((f"turn {live[0].turns + 1}", t0, time.perf_counter()))
                 calls += 1
@@ -257,5 +262,9 @@ class Episodes:
                 trained[i, :t] = torch.tensor(e.model)
                 lp[i, :t] = torch.tensor(e.logprob)
         last = [next((m["content"] for m in reversed(e.transcript) if m["role"] == "assistant"), "") for e in eps]
-        return {"input_ids": ids, "attention_mask": mask, "response_mask": trained, "logprob": lp,
-                "completion": last, "prompt_len": P}
+        out = {"input_ids": ids, "attention_mask": mask, "response_mask": trained, "logprob": lp,
+               "completion": last, "prompt_len": P}
+        if any(e.pixels is not None for e in eps):               # prompts with pictures: theirs, for the trainer
+            out["pixel_values"] = [e.pixels for e in eps]
+            out["image_key"] = torch.tensor([image_key(e.pixels) for e in eps], dtype=torch.long)
+        return out
