@@ -16,6 +16,8 @@ from typing import Iterator
 
 from omnigraph.sdk.adapters import transformers as transformers_adapter
 
+from nodes.models import vision
+
 
 def cache_root() -> Path:
     return Path(os.environ.get("OMNIGRAPH_CACHE", Path.home() / ".cache" / "omnigraph"))
@@ -51,8 +53,6 @@ def load(path: Path, dtype: str = "float32", device: str = "cpu"):
     ``AutoModelForImageTextToText`` builds it, with its processor's tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
-
-    from nodes.models import vision
 
     with quiet_bars():
         pictures = vision.is_vision(path)

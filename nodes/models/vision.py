@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import zlib
 from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
 
 PLACEHOLDER = "<image>"
 
@@ -40,8 +43,6 @@ def processor(model_dir: Path):
 
 def open_images(blobs, where: str = "the prompt") -> list:
     """Each encoded picture as an RGB PIL image; a file PIL cannot read is a ``ValueError`` naming ``where``."""
-    from PIL import Image, UnidentifiedImageError
-
     out = []
     for i, blob in enumerate(blobs):
         try:
@@ -99,8 +100,6 @@ class EncoderClock:
     call (``(0.0, None, None)`` where the tower did not run)."""
 
     def __init__(self, model):
-        import time
-
         self.clock, self.seconds, self.first, self.last, self._at = time.perf_counter, 0.0, None, None, None
         module = tower(model)
         if module is not None:

@@ -33,6 +33,7 @@ from typing import Any, Callable
 from omnigraph.sdk import ConfigError, Options, Prompt
 
 from nodes.tasks.files import parse_split, fingerprint, resolve_source, load_splits, context_length, blank
+from nodes.models.vision import processor
 from nodes.tasks import pictures
 from nodes.tasks.prompting import lengths, picture_lengths
 
@@ -249,7 +250,6 @@ class DataTask:
         """Each prompt's length in the model's tokens; a picture counts the image tokens it expands to."""
         if self.image is None:
             return lengths(self._tokenizer(), prompts, self.model_name)
-        from nodes.models.vision import processor
         proc = processor(self._model())
         return picture_lengths(self._tokenizer(), proc, prompts, self.model_name)
 

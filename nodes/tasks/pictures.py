@@ -22,6 +22,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+from PIL import Image, UnidentifiedImageError
+
 from omnigraph.sdk import ConfigError
 
 from nodes.models.vision import PLACEHOLDER
@@ -59,8 +61,6 @@ def _one(value: Any, base: Path, row: str, max_pixels: int) -> bytes:
 
 def check(blob: bytes, what: str, max_pixels: int) -> None:
     """Decode ``blob`` whole (a truncated file fails here, not mid-run); refuse one over ``max_pixels``."""
-    from PIL import Image, UnidentifiedImageError
-
     try:
         img = Image.open(io.BytesIO(blob))
         w, h = img.size

@@ -9,7 +9,14 @@ processor expands each picture's placeholder into its image tokens (:func:`encod
 
 from __future__ import annotations
 
+import io
+
+from PIL import Image
+
 from omnigraph.sdk import ConfigError, Prompt
+from omnigraph.sdk.adapters.transformers import image_token_counts
+
+from nodes.models import vision
 
 
 def messages(prompt: Prompt) -> list[dict]:
@@ -27,8 +34,6 @@ def encode(tok, prompt: Prompt, model_name: str = "the model") -> list[int]:
 def encode_pictures(tok, proc, prompt: Prompt, model_name: str = "the model"):
     """``(ids, pixel_values)`` of a prompt with pictures (:func:`nodes.models.vision.encode`): ``proc`` is the
     model's processor, ``None`` for a model that takes no pictures."""
-    from nodes.models import vision
-
     head, text = _picture_parts(tok, proc, prompt, model_name)
     return vision.encode(proc, prompt, text, head)
 
@@ -36,13 +41,6 @@ def encode_pictures(tok, proc, prompt: Prompt, model_name: str = "the model"):
 def picture_lengths(tok, proc, prompts: list[Prompt], model_name: str = "the model") -> list[int]:
     """``[len(encode_pictures(tok, proc, p)[0]) for p in prompts]`` without computing a pixel: each picture
     counts the tokens the processor says a picture of its size expands to (read from the file's header)."""
-    import io
-
-    from PIL import Image
-
-    from omnigraph.sdk.adapters.transformers import image_token_counts
-    from nodes.models import vision
-
     out = []
     for p in prompts:
         head, text = _picture_parts(tok, proc, p, model_name)

@@ -22,6 +22,7 @@ import io
 import random
 from typing import Literal
 
+from PIL import Image, ImageDraw
 from pydantic import Field
 
 from omnigraph.sdk import Options, Prompt
@@ -36,8 +37,6 @@ IMAGE_TOKEN = "<image>"
 
 def draw(colours: list[str], cells: list[int], size: int = 32, jitter: random.Random | None = None):
     """A ``size`` x ``size`` RGB picture: one square of each colour in its cell (``0 .. GRID**2 - 1``)."""
-    from PIL import Image, ImageDraw
-
     img = Image.new("RGB", (size, size), (20, 20, 30))
     pen = ImageDraw.Draw(img)
     cell = size // GRID

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from nodes.models import cached, quiet_bars
+from nodes.models.vision import open_images
 from nodes.tasks.shapes import IMAGE_TOKEN, Shapes
 from nodes.zoo.tiny import TINY, build_tokenizer
 
@@ -86,8 +87,6 @@ def build_tiny_vl(target: Path, seed: int, log=print) -> None:
 def _encode(proc, prompts, answers):
     """Prompt, a space, the answer and eos (what the rollout samples after the prompt), as one left-padded
     batch; and each row's first answer position (the prompts are of one text, so of one length)."""
-    from nodes.models.vision import open_images
-
     tok = proc.tokenizer
     texts = [tok.bos_token + f"{p.text} {a}" + tok.eos_token for p, a in zip(prompts, answers)]
     images = [open_images(p.images)[0] for p in prompts]
