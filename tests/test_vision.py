@@ -210,6 +210,35 @@ def test_rows_with_picture_paths_reach_the_model_and_the_trainer(tmp_path):
     assert gap(old_logprob(batch), batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4
 
 
+@pytest.mark.parametrize("form", ["parquet", "saved"])
+def test_parquet_paths_and_a_saved_dataset_with_an_image_column_give_the_same_prompts(tmp_path, form):
+    import datasets
+    src = picture_data(tmp_path)
+    out = tmp_path / form
+    out.mkdir()
+    if form == "parquet":            # paths relative to the parquet files' folder
+        (out / "images").symlink_to(src / "images")
+    for split in ("train", "test"):
+        rows = [json.loads(line) for line in (src / f"{split}.jsonl").read_text().splitlines()]
+        if form == "parquet":
+            datasets.Dataset.from_list(rows).to_parquet(str(out / f"{split}.parquet"))
+            continue
+        for r in rows:               # the pictures themselves, in an Image column
+            r["image"] = str(src / r["image"])
+        ds = datasets.Dataset.from_list(rows).cast_column("image", datasets.Image())
+        ds.save_to_disk(str(out / split))
+    if form == "saved":
+        datasets.DatasetDict({k: datasets.load_from_disk(str(out / k)) for k in ("train", "test")}).save_to_disk(
+            str(out / "all"))
+        out = out / "all"
+    want = [(p.text, p.images) for p in prompts(og.load(VLM, [DATA.format(src)]), 0)]
+    got = [(p.text, p.images) for p in prompts(og.load(VLM, [DATA.format(out)]), 0)]
+    assert [t for t, _ in got] == [t for t, _ in want] and all(len(i) == 1 for _, i in got)
+    from nodes.models.vision import open_images
+    pixels = lambda pairs: [list(open_images(i)[0].getdata()) for _, i in pairs]  # noqa: E731
+    assert pixels(got) == pixels(want)           # the same pictures (re-encoded where datasets stored them)
+
+
 def test_a_prompt_limit_counts_the_tokens_each_picture_expands_to(tmp_path):
     from omnigraph import plugins
     from nodes.tasks.prompting import encode_pictures, picture_lengths
