@@ -20,6 +20,10 @@ the model's and the environment's tokens (``env.max_tokens`` columns, ``response
 only), ``completion`` is the model's last message and ``meta["episode"]`` the episode's record (its
 reward, turns, tool calls and messages), which the reward function gets as ``episode``.
 
+Prompts with pictures (``Prompt.images``, an image-text model: :mod:`nodes.models.vision`) add ``pixel_values``
+(each sample's, a list: the trainer runs the same pixels) and ``image_key`` ``[B]`` (samples share a prompt only
+where their pictures are the same too).
+
 Every batch also has ``token_version`` ``[B, C]`` (the weights version that sampled each completion token,
 ``-1`` where there is none) and ``spans`` (firings each sample took). With ``partial:`` (:mod:`nodes.rollout.partial`)
 a batch holds the prompt groups that finished in this firing, some begun in earlier ones: their older tokens
