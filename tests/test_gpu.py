@@ -169,3 +169,36 @@ while len(head := sys.stdin.buffer.read(8)) == 8:
 
 
 # Two GPUs (whole cards per pool, weights over NCCL): tests/test_gpu_multi.py
+
+
+VLM_GPU = ["model.dtype=bfloat16", "pools.rollout.gpus=0.5", "pools.trainer.gpus=0.5"]
+"""The image-text graph (tiny-vl) on one card, in bf16: the rollout and the trainer half the card each."""
+
+
+def test_an_image_text_policy_on_cuda_samples_what_the_trainer_scores_and_updates():
+    spec = og.load(GRAPHS / "vlm_one_step_off.yaml", [*VLM_GPU, "nodes.update.mini_batch_size=64"])
+    shared = {}
+    gen = build_node(spec, "generate")[0]          # decode: auto compiles the static step; pictures decode eagerly
+    assert {p.device.type for p in gen.model.parameters()} == {"cuda"}
+    batch = gen.generate(0, prompts(spec, 0), Weights(0))
+    assert all(p.device.type == "cpu" for p in batch.fields["pixel_values"]) and gen.ctx.metrics["encoder_s"] > 0
+    batch = build_node(spec, "reward")[0].score(0, batch)
+    batch = build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, batch)
+    m = batch.fields["response_mask"]
+    gap = float(((batch.fields["old_logprob"] - batch.fields["logprob"]).abs() * m).sum() / m.sum())
+    assert gap < 0.05, gap                         # bf16 sampling against the trainer's bf16 autocast
+    upd = build_node(spec, "update", shared=shared)[0]
+    upd.train(1, batch)
+    assert torch.isfinite(torch.tensor(upd.ctx.metrics["loss"])) and upd.ctx.metrics["update_encoder_s"] > 0
+
+
+def test_an_image_text_policy_learns_on_one_gpu(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "omnigraph.cli", "run", str(GRAPHS / "vlm_one_step_off.yaml"),
+                          *VLM_GPU, "schedule.iterations=20", "nodes.generate.eval_every=19", "--quiet",
+                          "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    import json
+    rows = [json.loads(line) for line in next(tmp_path.glob("*/metrics.jsonl")).read_text().splitlines()]
+    evals = [r["eval_reward"] for r in rows if r.get("eval_reward") is not None]
+    print("held-out reward on one GPU, bf16:", evals)
+    assert evals[-1] >= evals[0] + 0.3, evals
