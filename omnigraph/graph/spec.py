@@ -96,11 +96,8 @@ class TaskSpec(Strict):
     system: str | None = None
     """A system message before each chat prompt."""
     image: str | None = None
-    """The field holding each row's picture(s), for an image-text model: a file path (relative to the data
-    file's folder, or absolute), a list of them, encoded bytes, or a ``datasets`` ``Image`` value. Each picture
-    goes where the prompt's text says ``<image>``, else before the text (in the first user message of chat
-    messages). Every picture is opened before training: a missing, truncated or non-image file is an error
-    naming its row and path; pictures larger than ``max_image_pixels`` are refused."""
+    """The field holding each row's picture(s), for an image-text model: a path (relative to the data file's
+    folder), a list of them, bytes or a ``datasets`` ``Image``; each one is checked before training."""
     max_image_pixels: int = Field(4096 * 4096, ge=1, le=2**31)
     """The largest picture (width x height) a row may have; the model's processor resizes what it takes."""
     prompts: int = Field(16, ge=1, le=1_000_000)
