@@ -101,3 +101,47 @@ async def stops_early_or_late(client: openai.AsyncOpenAI, task: dict, **options)
     for _ in range(turns):
         await client.completions.create(model="policy", prompt=task["prompt"], max_tokens=4)
     return 0.0
+
+
+async def looks_twice(client: openai.AsyncOpenAI, task: dict, **options) -> dict:
+    """An image-text task: the task's messages as they are (the picture an image part), then a second turn
+    that shows the picture again; scored on the first reply."""
+    msgs = list(task["messages"])
+    first = await client.chat.completions.create(model="policy", messages=msgs, max_tokens=8)
+    msgs.append(first.choices[0].message.model_dump(exclude_none=True))
+    msgs.append({"role": "user", "content": [{"type": "text", "text": "again"},
+                                             {"type": "image_url", "image_url": {"url": task["images"][0]}}]})
+    second = await client.chat.completions.create(model="policy", messages=msgs, max_tokens=4)
+    return {"reward": _score(first.choices[0].message.content, task["target"]),
+            "second": second.choices[0].message.content}
+
+
+async def names_colour(client: openai.AsyncOpenAI, task: dict, **options) -> float:
+    """One turn: the task's messages with their picture, the reply scored against the target."""
+    out = await client.chat.completions.create(model="policy", messages=task["messages"], max_tokens=8)
+    return _score(out.choices[0].message.content, task["target"])
+
+
+async def picture_probes(client: openai.AsyncOpenAI, task: dict, **options) -> dict:
+    """Image parts the endpoint must refuse in OpenAI's shape."""
+    url = task["images"][0]
+    bad = {"remote": {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+           "not_base64": {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}},
+           "not_a_picture": {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}},
+           "audio": {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}}
+    seen: dict = {}
+    for name, part in bad.items():
+        try:
+            await client.chat.completions.create(model="policy", max_tokens=2, messages=[
+                {"role": "user", "content": [part, {"type": "text", "text": "colour:"}]}])
+            seen[name] = "accepted"
+        except openai.APIStatusError as e:
+            seen[name] = [e.status_code, e.body.get("param") if isinstance(e.body, dict) else None]
+    try:            # a placeholder typed as text would ask the tower for a picture that is not there
+        await client.chat.completions.create(model="policy", max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": "<image> colour:"}]}])
+        seen["typed_placeholder"] = "accepted"
+    except openai.APIStatusError as e:
+        seen["typed_placeholder"] = [e.status_code, e.body.get("param") if isinstance(e.body, dict) else None]
+    return {"reward": 1.0, **seen}

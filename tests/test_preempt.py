@@ -44,6 +44,9 @@ AGENT = ["nodes.generate.env=null",        # the copy_chain episodes played by a
          f"nodes.generate.agent={{entry: '{GRAPHS.parent / 'examples' / 'agents' / 'copy_chain.py'}:solve', "
          "max_tokens: 40, batch_wait_s: 10}"]
 
+LOOKER = [f"nodes.generate.agent={{entry: '{Path(__file__).parent / 'agent_programs.py'}:looks_twice', "
+          "max_tokens: 64, batch_wait_s: 10}"]       # an agent shown the task's picture twice
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("graph, executor, extra", [
@@ -54,7 +57,10 @@ AGENT = ["nodes.generate.env=null",        # the copy_chain episodes played by a
         "nodes.generate.partial={budget_tokens: 2, max_spans: 4}", "schedule.max_staleness=4"]),
     ("grpo_multiturn", "ray", AGENT),                # agent programs: the same episodes after the resume
     ("grpo_multiturn", "local", AGENT + [            # agents in flight in the checkpoint, run again from it
-        "nodes.generate.partial={budget_tokens: 4, max_spans: 3}", "schedule.max_staleness=3"])])
+        "nodes.generate.partial={budget_tokens: 4, max_spans: 3}", "schedule.max_staleness=3"]),
+    ("vlm_one_step_off", "ray", LOOKER),             # agents with pictures, a batch of their episodes in the checkpoint
+    ("vlm_one_step_off", "local", LOOKER + [         # agents with pictures in flight in the checkpoint
+        "nodes.generate.partial={budget_tokens: 2, max_spans: 4}", "schedule.max_staleness=4"])])
 def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(tmp_path, graph, executor, extra):
     job = ["run", str(GRAPHS / f"{graph}.yaml"), "schedule.iterations=9", "nodes.generate.eval_every=0",
            "runtime.grace_s=60", *extra, "--executor", executor, "--quiet"]

@@ -61,6 +61,8 @@ def test_the_rollout_times_the_vision_tower_and_draws_it_in_the_timeline():
     gen, ctx = build_node(spec, "generate")
     gen.generate(0, prompts(spec, 0), Weights(0))
     assert 0 < ctx.metrics["encoder_s"] and 0 < ctx.metrics["encoder_share"] < 1
+    # the prompts' prefill (the tower in it) to the first new token: part of the firing, more than the tower
+    assert ctx.metrics["encoder_s"] < ctx.metrics["prefill_s"] and ctx.metrics["prefill_share"] < 1
     (span,) = [s for s in ctx.spans if s[0] == "vision encoder"]
     assert span[2] - span[1] >= ctx.metrics["encoder_s"] > 0
 
@@ -284,3 +286,19 @@ def test_an_image_text_policy_learns_to_name_the_colour(tmp_path):
     rows = [json.loads(line) for line in next(tmp_path.glob("*/metrics.jsonl")).read_text().splitlines()]
     evals = [r["eval_reward"] for r in rows if r.get("eval_reward") is not None]
     assert evals[-1] >= evals[0] + 0.3, evals
+
+
+def test_the_what_if_table_says_where_the_pictures_time_goes(tmp_path, capsys):
+    from omnigraph.cli import main
+
+    assert main(["run", str(VLM), "schedule.iterations=5", "nodes.generate.eval_every=0", "--executor", "local",
+                 "--quiet", "--run-dir", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    capsys.readouterr()
+    assert main(["plan", "--timings", str(run)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("pictures:"))
+    assert "the vision tower" in line and "prefill" in line and "in the update" in line, line
+    assert main(["plan", "--timings", str(run), "--json"]) == 0
+    shares = json.loads(capsys.readouterr().out)["shares"]
+    assert set(shares) == {"encoder_share", "prefill_share", "update_encoder_share"}
+    assert 0 < shares["encoder_share"] < shares["prefill_share"] < 1, shares

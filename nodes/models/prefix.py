@@ -93,12 +93,15 @@ def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids
 
 
 def prefill(model, ids: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None,
-            pixels: list | None = None):
+            pixels: list | None = None, placeholders: list[int] | None = None):
     """For ``generate``: a KV cache of every token but the last of the rows ``ids`` (left padded), computed
     once per distinct row and copied to the rows that repeat it; ``None`` when fewer than half the rows repeat
     one. Given it, ``generate`` runs only the last token of each row and then decodes, instead of a GRPO
-    group's prompt once per sample. ``keys`` and ``pixels``: the rows' pictures (the module docstring); the
-    last token of a row must not be an image token."""
+    group's prompt once per sample. ``keys`` and ``pixels``: the rows' pictures (the module docstring);
+    ``placeholders``: the image tokens' ids. A row that ends in a picture (an agent's turn can) is left to
+    ``generate`` whole: its last token is not prefilled here, and a picture is read with all its tokens."""
+    if placeholders and torch.isin(ids[:, -1], torch.tensor(placeholders, device=ids.device)).any():
+        return None
     found = groups(ids, mask, keys) if ids.shape[1] > 1 else None
     if found is None:
         return None

@@ -50,6 +50,8 @@ class AgentEpisode:
     final: bool = False                # in its last allowed firing: served to its end
     log: list[dict] = field(default_factory=list)        # the answers it was given, in order (for a resume)
     replay: int = 0                    # after a resume: answers of the log still to give again
+    pictures: list[bytes] = field(default_factory=list)  # the pictures in the sample's tokens, in order
+    pixels: list = field(default_factory=list)           # their pixel values, one tensor each
 
     def add(self, tokens: list[int], trained: bool, logprobs: list[float] | None = None, version: int = -1) -> None:
         self.tokens += tokens
@@ -58,21 +60,30 @@ class AgentEpisode:
         self.logprob += logprobs if logprobs is not None else [0.0] * len(tokens)
         self.versions += [version if trained else -1] * len(tokens)
 
-    def split(self, ids: list[int]) -> None:
+    def split(self, ids: list[int], pictures: list[bytes] = (), pixels: list = ()) -> None:
         """Close the sample so far (``on_divergence: split``) and start another from ``ids``, the prompt of the
-        request that diverged."""
+        request that diverged (with its ``pictures`` and their ``pixels``)."""
         self.segments.append(self.samples()[-1])
         self.ids, self.prompt_len = list(ids), len(ids)
         self.tokens, self.model, self.logprob, self.versions = [], [], [], []
+        self.pictures, self.pixels = list(pictures), list(pixels)
 
     def samples(self) -> list[tuple]:
-        """``(prompt ids, tokens, trained flags, logprobs, last reply, versions)`` of each sample of the episode,
-        in order."""
+        """``(prompt ids, tokens, trained flags, logprobs, last reply, versions, pixel values)`` of each sample of
+        the episode, in order (pixel values: the pictures' in one tensor, ``None`` without pictures)."""
         return [*self.segments,
-                ((self.ids or [])[:self.prompt_len], self.tokens, self.model, self.logprob, self.last, self.versions)]
+                ((self.ids or [])[:self.prompt_len], self.tokens, self.model, self.logprob, self.last, self.versions,
+                 self.pixel_values())]
+
+    def pixel_values(self):
+        """The pixel values of the sample's pictures in one tensor (``None``: no pictures)."""
+        import torch
+
+        return torch.cat(self.pixels) if self.pixels else None
 
     STATE = ("eid", "index", "ids", "head", "prompt_len", "tokens", "model", "logprob", "sampled", "requests",
-             "tool_calls", "mismatches", "truncated", "last", "segments", "versions", "step", "spans", "log")
+             "tool_calls", "mismatches", "truncated", "last", "segments", "versions", "step", "spans", "log",
+             "pictures", "pixels")
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of an episode in flight: its trajectory and the answers it was given (the
@@ -83,7 +94,8 @@ class AgentEpisode:
     def from_state(cls, state: dict[str, Any]) -> "AgentEpisode":
         e = cls(state["prompt"], state["eid"])
         for k in cls.STATE:
-            setattr(e, k, state[k])
+            if k in state:               # (a checkpoint from before pictures has none)
+                setattr(e, k, state[k])
         e.replay = len(e.log)
         return e
 

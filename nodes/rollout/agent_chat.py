@@ -6,6 +6,7 @@ from a chat template.
   text is the message's ``content``.
 - :func:`message_key`: an assistant message as the client sends it back (content and tool calls), so the
   endpoint can find the reply it sampled and render it as sampled, not as re-serialised.
+- :func:`plain`: the messages as the template takes them (text, or text and image parts).
 - :func:`render`: the prompt text of a request, by the model's own chat template (tools included when the
   template takes them).
 
@@ -74,6 +75,14 @@ def _text(content: Any) -> str:
     raise ValueError("content must be a string or a list of parts")
 
 
+def _content(content: Any) -> Any:
+    """A message's content for the template: its text, or its parts where it holds pictures (``{"type": "image"}``
+    parts, :mod:`nodes.rollout.agent_pictures`), text parts in between."""
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content):
+        return [p if p.get("type") == "image" else {"type": "text", "text": p.get("text", "")} for p in content]
+    return _text(content)
+
+
 def plain(messages: list[dict[str, Any]], sampled: dict[str, str]) -> list[dict[str, Any]]:
     """The messages as the template renders them: text contents, and each assistant message the endpoint
     sampled replaced by the text it sampled (``sampled``: :func:`message_key` -> text), so that unedited
@@ -84,8 +93,8 @@ def plain(messages: list[dict[str, Any]], sampled: dict[str, str]) -> list[dict[
         if role == "assistant" and message_key(m) in sampled:
             out.append({"role": "assistant", "content": sampled[message_key(m)]})
             continue
-        msg = {"role": role, "content": _text(m.get("content"))}
-        if role == "assistant" and m.get("tool_calls"):        # written by the client: as the template's format
+        msg = {"role": role, "content": _content(m.get("content"))}
+        if role == "assistant" and m.get("tool_calls") and isinstance(msg["content"], str):        # written by the client: as the template's format
             msg["content"] += "".join(
                 f"<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': _canonical(c['function'].get('arguments'))})}\n</tool_call>"
                 for c in m["tool_calls"])

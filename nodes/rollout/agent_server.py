@@ -3,7 +3,8 @@ thread of the rollout's process (this module is imported only where an agent rol
 
 Each agent run gets its own base URL, ``http://HOST:PORT/e/<episode>/v1``, and the run's key (a random
 ``sk-omnigraph-...`` per rollout): ``/chat/completions`` (messages, tools, tool_choice, n, max_tokens or
-max_completion_tokens, stop, logprobs, stream), ``/completions`` (prompt, n, max_tokens, stop, logprobs,
+max_completion_tokens, stop, logprobs, stream; an image-text policy reads image parts as ``data:`` URLs,
+:mod:`nodes.rollout.agent_pictures`), ``/completions`` (prompt, n, max_tokens, stop, logprobs,
 stream) and ``/models``. Sampling follows the node, not the request: ``temperature`` and ``top_p`` are those of
 the generate node, so what is trained is what was sampled (a request's own are accepted and ignored), and
 ``seed`` is the firing's. ``stream: true`` answers as server-sent events once the reply is sampled (one
@@ -26,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from nodes.rollout.agent_broker import AgentError, Call
+from nodes.rollout.agent_pictures import check_parts
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -51,7 +53,7 @@ def _stops(body: dict) -> list[str]:
     return stop
 
 
-def _check_messages(body: dict) -> None:
+def _check_messages(body: dict, pictures: bool) -> None:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise AgentError(400, "'messages' must be a non-empty list of messages", param="messages")
@@ -62,9 +64,7 @@ def _check_messages(body: dict) -> None:
         if c is not None and not isinstance(c, (str, list)):
             raise AgentError(400, f"messages[{i}].content must be a string or a list of parts",
                              param=f"messages[{i}].content")
-        if isinstance(c, list) and any(not isinstance(p, dict) or p.get("type") != "text" for p in c):
-            raise AgentError(400, f"messages[{i}].content: this policy reads text parts only",
-                             param=f"messages[{i}].content")
+    check_parts(msgs, pictures)
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or
                               any(not isinstance(t, dict) or t.get("type") != "function" for t in tools)):
@@ -134,7 +134,7 @@ def build_app(agents):
     @app.post("/e/{eid}/v1/chat/completions")
     async def chat(eid: str, request: Request):
         body = await body_of(request, eid)
-        _check_messages(body)
+        _check_messages(body, agents.expander is not None)
         res = await serve(eid, "chat", body)
         made = int(time.time())
         cid = f"chatcmpl-{eid[:8]}-{agents.broker.episodes[eid].requests}"

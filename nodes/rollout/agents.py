@@ -40,8 +40,10 @@ import torch
 from omnigraph.sdk import ConfigError, Prompt
 from omnigraph.sdk.registry import load_dotted
 
+from nodes.models.vision import image_key
 from nodes.rollout.agent_broker import AgentEpisode, AgentError, Broker, Call
 from nodes.rollout.agent_chat import message_key, parse_tool_calls, plain, render
+from nodes.rollout.agent_pictures import Expander, data_url, placeholders_in, request_pictures, task_messages
 from nodes.rollout.agent_server import Endpoint
 from nodes.rollout.agent_spans import AgentSpans
 from nodes.rollout.episodes import EventLoop, after_message
@@ -66,6 +68,10 @@ class Agents:
 
     def __init__(self, rollout):
         self.rollout, self.tok = rollout, rollout.tok
+        proc = getattr(rollout, "processor", None)         # an image-text policy: requests may hold pictures
+        self.expander = Expander(proc) if proc is not None else None
+        self.template = proc if getattr(proc, "chat_template", None) else rollout.tok
+        self._pixels: dict[bytes, torch.Tensor] = {}
         self.spec = rollout.options.agent
         self.fn = None
         if self.spec.entry is not None:
@@ -89,6 +95,9 @@ class Agents:
         return f"{self.endpoint.url}/e/{e.eid}/v1"
 
     def task_of(self, p: Prompt) -> dict[str, Any]:
+        if p.images:                  # as OpenAI image parts (data: URLs), and the pictures alone
+            return {**p.meta, "prompt": p.text, "messages": task_messages(p),
+                    "images": [data_url(b) for b in p.images]}
         return {**p.meta, "prompt": p.text, "messages": prompt_messages(p)}
 
     async def _program(self, e: AgentEpisode):
@@ -153,7 +162,7 @@ class Agents:
     def run(self, prompts: list[Prompt], n: int, *, greedy: bool, seed: int) -> tuple[dict, list[AgentEpisode]]:
         eps = [AgentEpisode(p, uuid.uuid4().hex, i * n + j) for i, p in enumerate(prompts) for j in range(n)]
         self.broker.open(eps, self.spec.concurrency)
-        self.errors = []
+        self.errors, self._pixels = [], {}
         t0 = time.perf_counter()
         done = asyncio.run_coroutine_threadsafe(self._all(eps), self.loop.loop)
         served, batches, rows_max, gen_s = 0, 0, 0, 0.0
@@ -182,34 +191,53 @@ class Agents:
                       "agent_samples_per_episode": sum(len(e.samples()) for e in eps) / len(eps)}
         return self._batch(eps)
 
-    def _prompt(self, e: AgentEpisode, call: Call) -> tuple[list[int], list[int]]:
-        """``(sample_from, append)``: the tokens to sample the reply from, and those the trajectory gains
-        before the reply (the agent's new turns; untrained); ``append`` is None where the episode splits."""
-        tok, body = self.tok, call.body
+    def _prompt(self, e: AgentEpisode, call: Call) -> tuple[list[int], list[int] | None, list[bytes], int]:
+        """``(sample_from, append, pictures, before)``: the tokens to sample the reply from, those the trajectory
+        gains before the reply (the agent's new turns; untrained; None where the episode splits), the request's
+        pictures, and how many of them come before the new turns."""
+        tok, body, pics = self.tok, call.body, []
         if call.kind == "chat":
-            msgs = plain(body["messages"], e.sampled)
-            text = render(tok, msgs, body.get("tools"))
+            msgs = body["messages"]
+            if self.expander is not None:
+                msgs, pics = request_pictures(msgs)
+            msgs = plain(msgs, e.sampled)
+            text = self._render(msgs, body.get("tools"), pics)
         else:
             text, msgs = body["prompt"], None
+            if self.expander is not None:
+                text = self.expander.expand(text, [])          # refuses a placeholder typed as text
         # a plain prompt starts with the model's bos, as the rollout's own prompts do (a chat template writes
         # its own); the text the client sends never holds it
         head = [tok.bos_token_id] if call.kind == "completion" and tok.bos_token_id is not None else []
         if e.ids is None:                                      # the episode's first request
             e.head = len(head)
-            return head + tok(text, add_special_tokens=False).input_ids, []
+            return head + tok(text, add_special_tokens=False).input_ids, [], pics, len(pics)
         said = tok.decode(e.ids[e.head:], skip_special_tokens=False)
         if not text.startswith(said):
             # a reply's text never shows the special tokens it sampled (the stop token that ended it, above
             # all): the client could not send them back, and they stay in the trajectory where they were sampled
             said = self._client_view(e)
-        if text.startswith(said):                              # the conversation so far, unchanged: extend it
+        if text.startswith(said) and pics[:len(e.pictures)] == e.pictures:    # unchanged so far: extend it
             new = tok(text[len(said):], add_special_tokens=False).input_ids if len(text) > len(said) else []
-            return e.ids + new, new
+            return e.ids + new, new, pics, len(e.pictures)
         e.mismatches += 1
         ids = head + tok(text, add_special_tokens=False).input_ids
         if self.spec.on_divergence == "split":
-            return ids, None                                   # the caller starts a new sample from ids
-        return ids, self._new_turns(e, msgs, body.get("tools"), text)
+            return ids, None, pics, len(pics)                  # the caller starts a new sample from ids
+        new, before = self._new_turns(e, msgs, body.get("tools"), text, pics)
+        return ids, new, pics, before
+
+    def _render(self, msgs, tools, pics: list[bytes], generation_prompt: bool = True) -> str:
+        """The prompt text of ``msgs`` (its pictures' placeholders expanded into their image tokens)."""
+        text = render(self.template, msgs, tools, generation_prompt)
+        return text if self.expander is None else self.expander.expand(text, pics[:placeholders_in(msgs)])
+
+    def pixels(self, pics: list[bytes]) -> list[torch.Tensor]:
+        """Each picture's pixel values, computed once per picture in a batch of agents."""
+        todo = [b for b in dict.fromkeys(pics) if b not in self._pixels]
+        if todo:
+            self._pixels.update(zip(todo, self.expander.pixels(todo).split(1)))
+        return [self._pixels[b] for b in pics]
 
     def _client_view(self, e: AgentEpisode) -> str:
         """The conversation's text as the client has it: the sampled runs decoded as the replies were sent
@@ -226,19 +254,21 @@ class Agents:
             parts.append(self.tok.decode(run, skip_special_tokens=bool(sampled)))
         return "".join(parts)
 
-    def _new_turns(self, e: AgentEpisode, msgs, tools, text: str) -> list[int]:
+    def _new_turns(self, e: AgentEpisode, msgs, tools, text: str, pics: list[bytes]) -> tuple[list[int], int]:
         """After a divergence: the tokens of the turns after the agent's last assistant message, as the
-        template renders them, to follow what was sampled in the trajectory."""
+        template renders them, to follow what was sampled in the trajectory; and the pictures before them."""
         if msgs is None:
-            return []
+            return [], len(pics)
         last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
         if last is None:
-            return []
-        base = render(self.tok, msgs[:last + 1], tools, generation_prompt=False)
+            return [], len(pics)
+        before = placeholders_in(msgs[:last + 1])
+        base = self._render(msgs[:last + 1], tools, pics, generation_prompt=False)
         stopped = bool(e.tokens) and e.tokens[-1] in self.rollout.stops
-        closing, _ = after_message(self.tok, base, msgs[last]["content"], stopped)
-        delta = text[len(base):] if text.startswith(base) else ""
-        return self.tok(closing + delta, add_special_tokens=False).input_ids
+        closing, _ = after_message(self.tok, base, _text_of(msgs[last]["content"]), stopped)
+        if not text.startswith(base):
+            return self.tok(closing, add_special_tokens=False).input_ids, len(pics)
+        return self.tok(closing + text[len(base):], add_special_tokens=False).input_ids, before
 
     def _serve(self, calls: list[Call], greedy: bool, seed: int) -> int:
         """Sample every live call's choices in one batch; answer each call's future. Returns the rows."""
@@ -253,32 +283,41 @@ class Agents:
                 c.future.set_exception(AgentError(404, "the episode ended", "not_found_error"))
                 continue
             try:
-                ids, new = self._prompt(e, c)
+                ids, new, pics, before = self._prompt(e, c)
+            except AgentError as err:
+                c.future.set_exception(err)
+                continue
             except Exception as err:  # noqa: BLE001 - a template that cannot render these messages
                 c.future.set_exception(AgentError(400, f"cannot render the request: {type(err).__name__}: {err}"))
                 continue
             if new is None:
-                e.split(ids)
+                e.split(ids, pics, self.pixels(pics))
                 new = []
             room = spec.max_tokens - len(e.tokens) - len(new)
             e.requests += 1
             if e.ids is None:
                 e.ids, e.prompt_len = list(ids), len(ids)
+                e.pictures, e.pixels = list(pics), self.pixels(pics)
             elif new:
-                e.add(new[:max(0, spec.max_tokens - len(e.tokens))], trained=False)
+                kept, shown = self._fit(new, max(0, spec.max_tokens - len(e.tokens)), pics[before:])
+                e.add(kept, trained=False)
+                e.pictures += shown
+                e.pixels += self.pixels(shown)
             cap = min(c.max_tokens or r.options.max_new_tokens, r.options.max_new_tokens, room)
             if cap <= 0:
                 e.truncated = True
                 c.future.set_result(self._answer(c, [([], [], "length")], len(ids)))
                 continue
-            plan.append((c, ids, cap, len(rows)))
+            plan.append((c, ids, cap, len(rows), torch.cat(self.pixels(pics)) if pics else None))
             rows += [ids] * c.n
         if not rows:
             return 0
-        out = r.sample(rows, 1, greedy=greedy, seed=seed, max_new_tokens=max(p[2] for p in plan))
+        seen = [p[4] for p in plan for _ in range(p[0].n)]
+        out = r.sample(rows, 1, greedy=greedy, seed=seed, max_new_tokens=max(p[2] for p in plan),
+                       **({"pixels": seen} if any(v is not None for v in seen) else {}))
         comp = out["input_ids"][:, out["prompt_len"]:]
         stops = set(r.stops)
-        for c, ids, cap, first in plan:
+        for c, ids, cap, first, _ in plan:
             e, choices = c.episode, []
             for j in range(c.n):
                 i = first + j
@@ -295,6 +334,21 @@ class Agents:
             e.fired += len(toks)
             c.future.set_result(self._answer(c, choices, len(ids)))
         return len(rows)
+
+    def _fit(self, new: list[int], room: int, pics: list[bytes]) -> tuple[list[int], list[bytes]]:
+        """The first ``room`` of the new turns' tokens, cut before a picture that would not fit whole with a column
+        after it for the reply (a picture's tokens and pixels go together; the trainer reads a row's last token
+        only as a target), and the pictures kept."""
+        if self.expander is None or not pics:
+            return new[:room], []
+        counts, image = self.expander.counts(pics), self.tok.convert_tokens_to_ids(self.expander.token)
+        at = 0
+        for k, n in enumerate(counts):
+            at = new.index(image, at)
+            if at + n >= room:
+                return new[:at], pics[:k]
+            at += n
+        return new[:room], pics
 
     def _answer(self, c: Call, choices, prompt_tokens: int) -> dict[str, Any]:
         """What the endpoint shapes into an OpenAI response; the sampled replies are remembered by the episode
@@ -329,7 +383,7 @@ class Agents:
         mask = torch.zeros((B, P + C), dtype=torch.long)
         trained, lp = torch.zeros((B, C)), torch.zeros((B, C))
         versions = torch.full((B, C), -1, dtype=torch.long)
-        for i, (e, (prompt, tokens, model, logprob, _, version)) in enumerate(rows):
+        for i, (e, (prompt, tokens, model, logprob, _, version, _)) in enumerate(rows):
             prompt = prompt or [pad]
             ids[i, P - len(prompt):P] = torch.tensor(prompt)
             mask[i, P - len(prompt):P] = 1
@@ -344,6 +398,9 @@ class Agents:
         versions[trained == 0] = -1
         out = {"input_ids": ids, "attention_mask": mask, "response_mask": trained, "logprob": lp,
                "token_version": versions, "completion": [s[4] for _, s in rows], "prompt_len": P}
+        if any(s[6] is not None for _, s in rows):           # pictures: each sample's, for the trainer
+            out["pixel_values"] = [s[6] for _, s in rows]
+            out["image_key"] = torch.tensor([image_key(s[6]) for _, s in rows], dtype=torch.long)
         return out, [e for e, _ in rows]
 
     def report(self) -> None:
@@ -362,6 +419,13 @@ class Agents:
 
     def close(self) -> None:
         self.endpoint.close()
+
+
+def _text_of(content) -> str:
+    """A message's text (its text parts, where it has parts)."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return content or ""
 
 
 def _kill_group(pid: int) -> None:

@@ -113,9 +113,6 @@ class Rollout:
         """Completions (single-turn), episodes (``env:``) or agent runs (``agent:``): the samples, each one's
         meta, and each one's prompt (an index of ``prompts``; ``n`` samples each, or more where an agent's
         episode was split)."""
-        if self.agents is not None and any(p.images for p in prompts):
-            raise ValueError("agent programs (agent:) do not carry the task's pictures yet: its prompts with "
-                             "pictures need a rollout without agent:")
         if self.agents is not None:
             out, eps = self.agents.run(prompts, n, greedy=greedy, seed=seed)
             self.agents.report()
@@ -166,6 +163,8 @@ class Rollout:
                 gen_tokens_per_s=tokens / max(dt, 1e-9))
         if "encoder_s" in out:                   # an image-text model: its vision tower's share of the firing
             ctx.log(encoder_s=out["encoder_s"], encoder_share=out["encoder_s"] / max(dt, 1e-9))
+            if out.get("prefill_s") is not None:     # the prompts' forward (the tower in it) to the first new token
+                ctx.log(prefill_s=out["prefill_s"], prefill_share=out["prefill_s"] / max(dt, 1e-9))
         return batch
 
     # -- partial rollouts ------------------------------------------------------
@@ -201,6 +200,7 @@ class Rollout:
                   "token_version": versions, "spans": [e.spans for e in rows],
                   "prompt": [e.prompt.text for e in rows], "target": [e.prompt.meta.get("target", "") for e in rows],
                   "meta": [{**e.prompt.meta, "episode": e.record()} for e in rows]}
+        fields.update({k: out[k] for k in ("pixel_values", "image_key") if k in out})
         if rows:
             ctx.log(response_len=float(out["response_mask"].sum(1).mean()))
         meta = {"prompt_len": out["prompt_len"], "temperature": self.options.temperature,

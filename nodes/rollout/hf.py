@@ -40,9 +40,10 @@ class _FaultPoint(StoppingCriteria):
     """Called by ``generate`` after every new token: the ``token`` fault point; never stops generation."""
 
     def __init__(self, ctx: NodeContext):
-        self.ctx = ctx
+        self.ctx, self.first = ctx, None        # first: when the first new token was sampled (the prefill's end)
 
     def __call__(self, input_ids, scores, **kwargs):
+        self.first = self.first or time.perf_counter()
         self.ctx.fault("token")
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
@@ -176,7 +177,7 @@ class Generate(Rollout):
         torch.manual_seed(seed)
         ids, mask = ids.to(self.device), mask.to(self.device)
         keys = None if pixels is None else torch.tensor([image_key(p) for p in pixels], device=self.device)
-        cache = prefill(self.model, ids, mask, keys, pixels)
+        cache = prefill(self.model, ids, mask, keys, pixels, self.suppress)
         seen = {} if cache is not None else pictures(pixels, range(len(rows)), self.device)
         out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **seen,
                                   do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0,
@@ -217,8 +218,9 @@ class Generate(Rollout):
                                            fault=lambda: self.ctx.fault("token"))
         else:
             on_ids, on_mask = ids.to(self.device), mask.to(self.device)
+            t0, self.stopper.first = time.perf_counter(), None
             # the prompts' keys and values once per prompt, not once per sample (nodes.models.prefix)
-            cache = prefill(self.model, on_ids, on_mask, keys, rows)
+            cache = prefill(self.model, on_ids, on_mask, keys, rows, self.suppress)
             seen = {} if cache is not None else pictures(rows, range(len(ids)), self.device)   # else generate reads them
             out = self.model.generate(input_ids=on_ids, attention_mask=on_mask, **seen,
                                       past_key_values=cache, do_sample=not greedy,
@@ -229,6 +231,7 @@ class Generate(Rollout):
                                       stopping_criteria=[self.stopper], suppress_tokens=self.suppress)
             comp, lp = out.sequences[:, P:], None
             logits = torch.stack(out.logits, dim=1)                   # [B, c, V], c <= C
+            prefill_s = (self.stopper.first or time.perf_counter()) - t0     # to the first new token
         c = comp.shape[1]
         alive = torch.ones_like(comp, dtype=torch.float32)
         stop = torch.isin(comp, torch.tensor(self.stops, device=comp.device))
@@ -245,6 +248,7 @@ class Generate(Rollout):
         out = {"input_ids": torch.cat([ids, comp], 1), "attention_mask": torch.cat([mask, alive.long()], 1),
                "response_mask": alive, "logprob": lp, "completion": texts_out, "prompt_len": P}
         if self.encoder is not None:
+            out["prefill_s"] = prefill_s if self.decoder is None or rows is not None else None
             out["encoder_s"], first, last = self.encoder.take()      # the vision tower's part, for the timeline
             if first is not None and not greedy:
                 self.ctx.span("vision encoder", first, last)

@@ -147,6 +147,9 @@ class Policy:
         # prompts with pictures: each row's pixel values, and a key that tells rows of different pictures apart
         pix = f["pixel_values"][rows] if "pixel_values" in f else None
         keys = f["image_key"][rows].to(ids.device) if "image_key" in f else None
+        if share and pix is not None and self.suppress and \
+                torch.isin(ids[:, P:], torch.tensor(self.suppress, device=ids.device)).any():
+            share = False        # pictures after the prompt (an agent's later turns) are read in the rows' forward
         parts = None
         if split:
             prompts = len(torch.unique(ids[:, :P], dim=0)) if share and P else len(ids)

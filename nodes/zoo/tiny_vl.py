@@ -2,7 +2,8 @@
 
 A LLaVA-architecture model as transformers ships it (``LlavaForConditionalGeneration``): a CLIP vision
 tower (32x32 pictures, 8x8 patches: 16 image tokens), LLaVA's two-layer projector, and the embedded
-``tiny`` model's Qwen2 language model and character tokenizer with one more token, ``<image>``. Its
+``tiny`` model's Qwen2 language model and character tokenizer with one more token, ``<image>``, and a chat
+template that renders image parts (:data:`CHAT`). Its
 processor (``LlavaProcessor`` with CLIP's image processor, the PIL one: no torchvision) is saved beside
 the weights, so a user's LLaVA checkpoint and this one load and run alike. Built here, offline and
 deterministically from ``model.seed``, then cached under ``$OMNIGRAPH_CACHE`` (~1 minute on 2 cores).
@@ -33,11 +34,17 @@ VISION = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "
 WARM = {"batch": 64, "lr": 1e-3, "learn_until": 0.9, "max_steps": 4000, "check_every": 20,
         "lr_noisy": 2e-4, "p_right": 0.2, "noisy_until": 0.4, "max_noisy_steps": 2000, "probe_prompts": 200}
 VERSION = 1
+CHAT = ("{{ bos_token }}{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+        "{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}{% if m['role'] == 'assistant' %}<eos>{% endif %}{% endfor %}")
+"""Its chat template: a conversation as it was warm-started, with no role markers (the user's turn as a plain
+prompt, each image part the placeholder; the assistant's reply and ``<eos>``), so a one-turn chat is exactly the
+plain prompt's tokens."""
 
 
 def tiny_vl(seed: int = 0, log=print) -> Path:
     """The embedded image-text model's folder, built once per seed (registered as the model ``tiny-vl``)."""
-    return cached("tiny-vl", [VERSION, TINY, VISION, WARM], seed, build_tiny_vl, log)
+    return cached("tiny-vl", [VERSION, TINY, VISION, WARM, CHAT], seed, build_tiny_vl, log)
 
 
 def build_processor():
@@ -49,9 +56,10 @@ def build_processor():
     tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     side = VISION["image_size"]
     images = CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    tok.chat_template = CHAT
     return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=VISION["patch_size"],
                           vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                          image_token=IMAGE_TOKEN)
+                          image_token=IMAGE_TOKEN, chat_template=CHAT)
 
 
 def build_tiny_vl(target: Path, seed: int, log=print) -> None:

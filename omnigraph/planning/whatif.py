@@ -64,6 +64,22 @@ def steady_medians(rows: list[dict[str, Any]], fill: int) -> dict[str, float]:
     return out
 
 
+SHARES = {"encoder_share": "the vision tower", "prefill_share": "the prompts' prefill, the tower in it",
+          "update_encoder_share": "the vision tower in the update"}
+"""Shares of a node's time the nodes log (an image-text policy's), and what each is a share of."""
+
+
+def steady_shares(rows: list[dict[str, Any]], fill: int) -> dict[str, float]:
+    """The median over the steady state of each share in :data:`SHARES` the run logged."""
+    window = steady(rows, fill)
+    out = {}
+    for k in SHARES:
+        values = [r[k] for r in window if isinstance(r.get(k), (int, float))]
+        if values:
+            out[k] = round(statistics.median(values), 4)
+    return out
+
+
 def read_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     run = Path(run_dir)
     metrics = run / "metrics.jsonl"
@@ -136,6 +152,8 @@ def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dic
     """Node costs from ``run_dir`` and one predicted row per schedule: the graph's own first, then the
     others; the row of the run's own schedule (its ``config.yaml``) carries the measured step time."""
     timings, measured, ran, steps = node_times(spec, run_dir)
+    rows_run, _ = read_run(run_dir)
+    shares = steady_shares(rows_run, compile(ran).fill)
     missing = [n for n in spec.nodes if n not in timings]
     mine, theirs = _key(spec.schedule), _key(ran.schedule)
     custom = spec.schedule.mode == "custom"
@@ -153,7 +171,7 @@ def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dic
     base = next((r.predicted_s for r in out if r.current), out[0].predicted_s)
     for r in out:
         r.speedup = round(base / r.predicted_s, 3) if r.predicted_s else None
-    return {n: round(v, 6) for n, v in timings.items()}, out, {"missing": missing, "steps": steps}
+    return {n: round(v, 6) for n, v in timings.items()}, out, {"missing": missing, "steps": steps, "shares": shares}
 
 
 def _row(plan, name: str, measured: float | None = None, current: bool = False) -> Row:
@@ -170,6 +188,9 @@ def format_table(spec, run_dir, timings: dict[str, float], rows: list[Row], info
              "  " + "  ".join(f"{n} {v:.3f}" for n, v in timings.items())]
     if info["missing"]:
         lines.append(f"  not in the run (default costs): {', '.join(info['missing'])}")
+    if info.get("shares"):                # an image-text policy: where its pictures' time goes
+        lines.append("  pictures: " + "; ".join(f"{SHARES[k]} {v:.1%}" for k, v in info["shares"].items())
+                     + " (of generate's time; the last of the update's)")
     lines += ["", f"  {'schedule':<28} {'staleness':>9} {'predicted s/step':>17} {'vs the run':>12}  bottleneck",
               f"  {'-' * 28} {'-' * 9} {'-' * 17} {'-' * 12}  {'-' * 24}"]
     for r in rows:
@@ -188,5 +209,5 @@ def format_table(spec, run_dir, timings: dict[str, float], rows: list[Row], info
 
 
 def as_json(timings, rows: list[Row], info) -> dict[str, Any]:
-    return {"timings": timings, "missing": info["missing"], "steps": info["steps"],
+    return {"timings": timings, "missing": info["missing"], "steps": info["steps"], "shares": info.get("shares", {}),
             "schedules": [asdict(r) for r in rows]}
