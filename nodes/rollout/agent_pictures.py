@@ -29,9 +29,11 @@ from typing import Any
 from PIL import Image
 
 from omnigraph.sdk import Prompt
+from omnigraph.sdk.adapters.transformers import image_token_counts
 
 from nodes.models import vision
 from nodes.rollout.agent_broker import AgentError
+from nodes.tasks.prompting import messages
 
 DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,(.*)", re.S)
 PARTS = ("text", "image_url")
@@ -46,8 +48,6 @@ def data_url(blob: bytes) -> str:
 def task_messages(prompt: Prompt) -> list[dict[str, Any]]:
     """The prompt's chat messages with its pictures as image parts, in order (a plain prompt: one user message
     whose ``<image>`` placeholders become the parts)."""
-    from nodes.tasks.prompting import messages
-
     urls = iter([data_url(b) for b in prompt.images])
     out = []
     for m in messages(prompt):
@@ -150,8 +150,6 @@ class Expander:
         self.token = getattr(proc, "image_token", vision.PLACEHOLDER)
 
     def counts(self, pics: list[bytes]) -> list[int]:
-        from omnigraph.sdk.adapters.transformers import image_token_counts
-
         sizes = [Image.open(io.BytesIO(b)).size[::-1] for b in pics]
         found = image_token_counts(self.proc, sizes)
         if found is None:                      # a processor that does not say: count what it expands
