@@ -52,7 +52,7 @@ def message_key(message: dict[str, Any]) -> str:
     arguments (not their ids, which clients may rewrite)."""
     calls = [(c.get("function", {}).get("name"), _canonical(c.get("function", {}).get("arguments")))
              for c in message.get("tool_calls") or []]
-    return json.dumps([_text(message.get("content")), calls], sort_keys=True)
+    return json.dumps([text_of(message.get("content")), calls], sort_keys=True)
 
 
 def _canonical(arguments: Any) -> Any:
@@ -64,7 +64,7 @@ def _canonical(arguments: Any) -> Any:
     return arguments
 
 
-def _text(content: Any) -> str:
+def text_of(content: Any) -> str:
     """A message's content as text: a string, or the text parts of a list of parts."""
     if content is None:
         return ""
@@ -80,7 +80,7 @@ def _content(content: Any) -> Any:
     parts, :mod:`nodes.rollout.agent_pictures`), text parts in between."""
     if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content):
         return [p if p.get("type") == "image" else {"type": "text", "text": p.get("text", "")} for p in content]
-    return _text(content)
+    return text_of(content)
 
 
 def plain(messages: list[dict[str, Any]], sampled: dict[str, str]) -> list[dict[str, Any]]:

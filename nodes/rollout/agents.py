@@ -42,7 +42,7 @@ from omnigraph.sdk.registry import load_dotted
 
 from nodes.models.vision import image_key
 from nodes.rollout.agent_broker import AgentEpisode, AgentError, Broker, Call
-from nodes.rollout.agent_chat import message_key, parse_tool_calls, plain, render
+from nodes.rollout.agent_chat import message_key, parse_tool_calls, plain, render, text_of
 from nodes.rollout.agent_pictures import Expander, data_url, placeholders_in, request_pictures, task_messages
 from nodes.rollout.agent_server import Endpoint
 from nodes.rollout.agent_spans import AgentSpans
@@ -265,7 +265,7 @@ class Agents:
         before = placeholders_in(msgs[:last + 1])
         base = self._render(msgs[:last + 1], tools, pics, generation_prompt=False)
         stopped = bool(e.tokens) and e.tokens[-1] in self.rollout.stops
-        closing, _ = after_message(self.tok, base, _text_of(msgs[last]["content"]), stopped)
+        closing, _ = after_message(self.tok, base, text_of(msgs[last]["content"]), stopped)
         if not text.startswith(base):
             return self.tok(closing, add_special_tokens=False).input_ids, len(pics)
         return self.tok(closing + text[len(base):], add_special_tokens=False).input_ids, before
@@ -419,13 +419,6 @@ class Agents:
 
     def close(self) -> None:
         self.endpoint.close()
-
-
-def _text_of(content) -> str:
-    """A message's text (its text parts, where it has parts)."""
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
-    return content or ""
 
 
 def _kill_group(pid: int) -> None:
