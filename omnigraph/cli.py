@@ -6,6 +6,7 @@
     omnigraph ledger RUN_DIR [--json]
     omnigraph plan [GRAPH.yaml] --timings RUN_DIR [--json]
     omnigraph plan [GRAPH.yaml] --timings RUN_DIR [--timings RUN_DIR ...] --devices N [--write PATH]
+    omnigraph plan [GRAPH.yaml] --timings RUN_DIR [...] --simulate [--sizes 8,...,1024] [--link GBPS,MS] [--delta F]
 
 A mistake the user can make ends in one message and exit code 1, never a
 traceback. ``main(argv)`` returns the exit code, for tests.
@@ -25,7 +26,7 @@ from typing import Any
 from . import viz
 from .graph import yamlio
 from .errors import GraphError, NodeFailure, StalenessError
-from .planning import compile, layouts, to_spec, whatif
+from .planning import compile, layouts, simulate, to_spec, whatif
 from .runtime import interrupt, run
 from .runtime.ledger import format_summary, read
 from .runtime.requeue import run_to_continue
@@ -83,6 +84,15 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--devices", type=int, metavar="N", help="predict every split of N devices (colocated and "
                                                             "separate pools) under every schedule, and recommend one")
     w.add_argument("--write", metavar="PATH", help="with --devices: write the recommended layout as a graph file")
+    w.add_argument("--simulate", action="store_true", help="on paper, 8 to 1,024 devices: the recommended layout of "
+                                                           "each size from the fitted node times and a link model")
+    w.add_argument("--sizes", metavar="N,N,...", help="with --simulate: the device counts (default 8,16,...,1024)")
+    w.add_argument("--link", metavar="GBPS[,MS]", default="25,1",
+                   help="with --simulate: the weights' link between separate pools (default 25 GB/s, 1 ms a sync)")
+    w.add_argument("--delta", type=float, default=1.0, metavar="F",
+                   help="with --simulate: the share of the weights' bytes a sync sends (default 1: dense)")
+    w.add_argument("--weights-gb", type=float, metavar="GB",
+                   help="with --simulate: the weights' size (default: the runs' median sync_bytes)")
     w.add_argument("--json", action="store_true", help="print one JSON object")
     g = sub.add_parser("ledger", help="where every prompt group of a run went")
     g.add_argument("run_dir", help="a run directory")
@@ -169,6 +179,17 @@ def cmd_plan(args) -> int:
     if not args.graph:
         args.graph = str(config_of(args.timings[0], "--timings"))
     spec = to_spec(args.graph, list(args.overrides))
+    if args.simulate:
+        if args.devices is not None or args.write:
+            raise GraphError("--simulate picks a layout for each of --sizes; --devices and --write are for one size",
+                             where="--simulate", fix="drop --devices/--write, or drop --simulate")
+        link = simulate.Link.parse(args.link, args.delta)
+        scaling, _ = layouts.fit_scaling(spec, args.timings)
+        nbytes = args.weights_gb * 1e9 if args.weights_gb is not None else simulate.weights_bytes(args.timings)
+        rows = simulate.simulate(spec, scaling, link, nbytes, simulate.parse_sizes(args.sizes))
+        print(json.dumps(simulate.as_json(scaling, link, nbytes, rows)) if args.json
+              else simulate.format_table(spec, scaling, link, nbytes, rows))
+        return 0
     if args.devices is None:
         if len(args.timings) > 1 or args.write:
             raise GraphError("several --timings runs and --write go with --devices N", where="--devices",
