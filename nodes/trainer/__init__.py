@@ -7,7 +7,9 @@ torch): the compiler reads it before anything starts.
 
 from __future__ import annotations
 
-from omnigraph.sdk import Backend, ConfigError, load
+from pydantic import Field
+
+from omnigraph.sdk import Backend, ConfigError, Options, load
 
 WARM_MODEL = "nodes.models:warm"
 """Warm workers import the model's architecture code with the backend's module (``Backend.warm``)."""
@@ -65,8 +67,22 @@ OLD_LOGPROB_TORCH = Backend("old_logprob", "nodes.trainer.logprob:Logprob", uses
                             warm=WARM_MODEL, doc="the trainer's current weights (fused into a one-step update)")
 REF_LOGPROB_TORCH = Backend("ref_logprob", "nodes.trainer.logprob:Logprob", uses_model=True, sharded=True,
                             warm=WARM_MODEL, doc="the initial weights")
+class UpdateOptions(Options):
+    """The torch update's options (``nodes.<update>.options``): what makes a large model fit the card."""
+
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them: less memory
+    (a bigger model or micro-batch fits), about a third more compute. The update then scores rows without
+    sharing their prompt's forward."""
+    micro_batch_tokens: int | None = Field(None, ge=1, le=1 << 30)
+    """A token budget per micro-batch instead of a count of rows: rows in order, each micro-batch as many as
+    keep rows x (the prompt's columns + the longest completion among them) within it (at least one row), so
+    long completions take small micro-batches and short ones large ones. ``micro_batch_size`` still caps the
+    rows."""
+
+
 UPDATE_TORCH = Backend("update", "nodes.trainer.update:Update", uses_model=True, data_parallel=True, sharded=True,
-                       warm=WARM_MODEL, check=_torch_trainer,
+                       warm=WARM_MODEL, check=_torch_trainer, options=UpdateOptions,
                        doc="decoupled PPO, AdamW; full or LoRA; data-parallel or FSDP2-sharded over the pool's actors")
 SYNC_TORCH = Backend("sync", "nodes.trainer.sync:Sync", uses_model=True, sharded=True, check=_torch_sync,
                      warm=WARM_MODEL, doc="full weights or LoRA adapter tensors")

@@ -51,6 +51,27 @@ def micro(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+def token_micro(lengths: list[int], prompt_len: int, budget: int, size: int) -> list[slice]:
+    """Consecutive micro-batches of rows whose padded tokens, rows x (``prompt_len`` + their longest completion),
+    stay within ``budget`` (a row over it alone), at most ``size`` rows each.
+
+    >>> token_micro([4, 4, 30, 2, 2, 2], prompt_len=10, budget=60, size=16)
+    [slice(0, 2, None), slice(2, 3, None), slice(3, 6, None)]
+    >>> token_micro([4, 4, 30], prompt_len=10, budget=20, size=16)
+    [slice(0, 1, None), slice(1, 2, None), slice(2, 3, None)]
+    """
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        wider = max(longest, n)
+        if i > start and ((i - start + 1) * (prompt_len + wider) > budget or i - start >= size):
+            out.append(slice(start, i))
+            start, wider = i, n
+        longest = wider
+    if lengths:
+        out.append(slice(start, len(lengths)))
+    return out
+
+
 class Policy:
     def __init__(self, ctx: NodeContext):
         path = ctx.model.dir

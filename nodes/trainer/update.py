@@ -30,7 +30,8 @@ from omnigraph.sdk import NodeContext, SampleBatch
 from nodes import models
 from nodes.nonfinite import Streak, count_tensor, poison, warn
 from nodes.trainer.losses import masked_mean, policy_loss
-from nodes.trainer.policy import Policy, micro
+from nodes.trainer import UpdateOptions
+from nodes.trainer.policy import Policy, micro, token_micro
 from nodes.trainer.sharded import gather, idle_pass, load_local, local_state, lockstep, state_bytes
 
 
@@ -47,6 +48,9 @@ class Update:
         self.policy = Policy.of(ctx)
         self.kl_coef = ctx.policy.kl_coef
         self.nonfinite = Streak()
+        self.settings = ctx.backend_options or UpdateOptions()
+        if self.settings.activation_checkpointing:     # each layer's activations recomputed in the backward
+            self.policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def train(self, step: int, batch: SampleBatch) -> None:
         s, pol = self.options, self.policy
@@ -90,13 +94,14 @@ class Update:
             if dp is not None:           # the whole mini-batch's tokens: the loss is summed over ranks
                 tokens = torch.tensor(dp.all_sum(float(tokens)), device=pol.device)
             tokens = tokens.clamp(min=1)
-            parts = micro(mini.stop - mini.start, s.micro_batch_size)
+            parts = self._parts(batch, mini)
             for part in (lockstep(parts, dp) if sharded else parts):
                 if part is None:         # a peer has one more micro-batch: take part in its collectives
                     idle_pass(model, pol.device, backward=True)
                     continue
                 rows = slice(mini.start + part.start, mini.start + part.stop)
-                lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True, share=s.share_prompts)
+                lp, ent = pol.logprobs(model, batch, rows, T, with_entropy=True,
+                                       share=s.share_prompts and not self.settings.activation_checkpointing)
                 proximal = lp.detach() * mask[rows] if fused else old[rows]
                 out = policy_loss(lp, proximal, behav[rows], adv[rows], mask[rows], clip=s.clip, is_cap=s.is_cap,
                                   ref_logprob=None if ref is None else ref[rows], kl_coef=self.kl_coef,
@@ -133,8 +138,14 @@ class Update:
             pol.opt.step()
         self.ctx.log(**self.nonfinite.record(False))
         minis = max(1, len(minis))
+        took = time.perf_counter() - t0
+        trained = float(f["attention_mask"].sum())          # the tokens through forward and backward
+        self.ctx.log(update_tokens_per_s=trained / max(took, 1e-9))
         if pol.device.type == "cuda":
             stats["gpu_mem_gb"] = [torch.cuda.max_memory_allocated(pol.device) / 1e9]
+            # model FLOPs utilisation: 6 x parameters x tokens/s over the card's dense bf16 rate, measured here
+            params = sum(p.numel() for p in model.parameters())
+            stats["mfu"] = [6 * params * trained / max(took, 1e-9) / card_flops(pol.device)]
         stats["trainer_state_mb"] = [state_bytes(model, pol.opt) / 2 ** 20]   # this rank's share (its shards)
         self.ctx.log(**{k: (max(v) if k.endswith("_max") else
                             sum(v) / (minis if k in PER_MINI_BATCH else 1) if k != "trainer_state_mb" else v[0])
@@ -142,6 +153,16 @@ class Update:
         if pol.encoder is not None:          # the vision tower's forwards: their share of this update
             secs = pol.encoder.take()[0]
             self.ctx.log(update_encoder_s=secs, update_encoder_share=secs / max(time.perf_counter() - t0, 1e-9))
+
+    def _parts(self, batch: SampleBatch, mini: slice) -> list[slice]:
+        """The micro-batches of a mini-batch: ``micro_batch_size`` rows, or a token budget
+        (``options.micro_batch_tokens``)."""
+        s, n = self.options, mini.stop - mini.start
+        if self.settings.micro_batch_tokens is None:
+            return micro(n, s.micro_batch_size)
+        P = batch.meta["prompt_len"]
+        lengths = batch.fields["attention_mask"][mini, P:].sum(1).tolist()
+        return token_micro(lengths, P, self.settings.micro_batch_tokens, s.micro_batch_size)
 
     # -- the guard against non-finite values (nodes.nonfinite) -------------------------------------------
     def _corrupt(self, adv, behav, old, fused: bool):
@@ -214,6 +235,25 @@ class Update:
             model = models.with_lora(model, pol.lora)
         model.load_state_dict(full)
         return model
+
+
+_CARD_FLOPS: dict[str, float] = {}
+
+
+@torch.no_grad()
+def card_flops(device) -> float:
+    """The card's dense bf16 rate, FLOP/s: an 8192^3 matrix product timed once per process (after a warm-up)."""
+    key = str(device)
+    if key not in _CARD_FLOPS:
+        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        a @ a
+        torch.cuda.synchronize(device)
+        t0, reps = time.perf_counter(), 5
+        for _ in range(reps):
+            a @ a
+        torch.cuda.synchronize(device)
+        _CARD_FLOPS[key] = 2 * 8192 ** 3 * reps / (time.perf_counter() - t0)
+    return _CARD_FLOPS[key]
 
 
 @torch.no_grad()

@@ -1,0 +1,73 @@
+"""The torch update's options (``nodes.<update>.options``): activation checkpointing and token-budget
+micro-batches change what the update keeps in memory and how it splits a batch, never what it learns; and the
+update reports its tokens per second (and, on a GPU, its MFU)."""
+
+from __future__ import annotations
+
+import pytest
+
+import omnigraph as og
+from omnigraph.errors import GraphError
+from omnigraph.sdk import Weights
+from omnigraph.testing import build_node, prompts
+
+from conftest import GRAPHS
+
+GRAPH = GRAPHS / "grpo_one_step_off.yaml"
+BASE = ["nodes.update.mini_batch_size=64", "nodes.update.micro_batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def scored():
+    spec = og.load(GRAPH, BASE)
+    batch = build_node(spec, "generate")[0].generate(0, prompts(spec, 0), Weights(0))
+    batch = build_node(spec, "reward")[0].score(0, batch)
+    return build_node(spec, "old_logprob", shared={})[0].logprobs(0, batch)
+
+
+def trained(batch, *options):
+    spec = og.load(GRAPH, [*BASE, *options])
+    shared = {}
+    upd, ctx = build_node(spec, "update", shared=shared)
+    calls = []
+    score = upd.policy.logprobs
+    upd.policy.logprobs = lambda *a, **k: calls.append(a[2]) or score(*a, **k)
+    before = {k: v.detach().clone() for k, v in upd.policy.model.named_parameters()}
+    upd.train(1, batch)
+    after = {k: v.detach().clone() for k, v in upd.policy.model.named_parameters()}
+    assert close(before, after) > 1e-4                  # the update moved the weights: there is something to compare
+    ctx.metrics["checkpointing"] = upd.policy.model.is_gradient_checkpointing
+    return after, ctx.metrics, calls
+
+
+def close(a, b) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_activation_checkpointing_trains_the_same_weights(scored):
+    plain, m, _ = trained(scored)
+    ckpt, m2, _ = trained(scored, "nodes.update.options={activation_checkpointing: true}")
+    assert close(plain, ckpt) < 1e-5
+    assert m["loss"] == pytest.approx(m2["loss"], abs=1e-6) and m["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    assert m2["checkpointing"] and not m["checkpointing"] and m2["update_tokens_per_s"] > 0
+
+
+def test_a_token_budget_sizes_the_micro_batches_by_their_lengths(scored):
+    rows, _, by_rows = trained(scored)
+    P = scored.meta["prompt_len"]
+    lengths = scored.fields["attention_mask"][:, P:].sum(1)
+    budget = int(4 * (P + int(lengths.max())))          # about four of the longest rows a micro-batch
+    tokens, m, by_tokens = trained(scored, f"nodes.update.options={{micro_batch_tokens: {budget}}}")
+    assert len(by_rows) == len(scored) // 8
+    sizes = [s.stop - s.start for s in by_tokens]
+    assert sum(sizes) == len(scored) and max(sizes) <= 8 and len(by_tokens) != len(by_rows)
+    for s in by_tokens:
+        assert (s.stop - s.start) * (P + int(lengths[s].max())) <= budget or s.stop - s.start == 1
+    assert close(rows, tokens) < 1e-5                  # only the order of the sums differs
+
+
+def test_update_options_are_checked_before_anything_runs():
+    with pytest.raises(GraphError, match="activation_checkpointing"):
+        og.compile(GRAPH, overrides=["nodes.update.options={activation_checkpoint: true}"])
+    with pytest.raises(GraphError, match="micro_batch_tokens"):
+        og.compile(GRAPH, overrides=["nodes.update.options={micro_batch_tokens: 0}"])
