@@ -44,10 +44,12 @@ def close(a, b) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def test_activation_checkpointing_trains_the_same_weights(scored):
+def test_activation_checkpointing_and_the_chunked_head_train_the_same_weights(scored):
     plain, m, _ = trained(scored)
     ckpt, m2, _ = trained(scored, "nodes.update.options={activation_checkpointing: true}")
-    assert close(plain, ckpt) < 1e-5
+    chunked, m3, _ = trained(scored, "nodes.update.options={logprob_chunk: 7, activation_checkpointing: true}")
+    assert close(plain, ckpt) < 1e-5 and close(plain, chunked) < 1e-5
+    assert m["loss"] == pytest.approx(m3["loss"], abs=1e-6)
     assert m["loss"] == pytest.approx(m2["loss"], abs=1e-6) and m["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
     assert m2["checkpointing"] and not m["checkpointing"] and m2["update_tokens_per_s"] > 0
 
@@ -71,3 +73,61 @@ def test_update_options_are_checked_before_anything_runs():
         og.compile(GRAPH, overrides=["nodes.update.options={activation_checkpoint: true}"])
     with pytest.raises(GraphError, match="micro_batch_tokens"):
         og.compile(GRAPH, overrides=["nodes.update.options={micro_batch_tokens: 0}"])
+
+
+def scores(spec, batch, chunk, temperature=0.8, **kw):
+    """The trainer's log-probs and entropies of ``batch`` and the gradient of their sum, chunked or not."""
+    pol = build_node(spec, "update", shared={})[0].policy
+    pol.chunk = chunk
+    model = pol.model
+    model.zero_grad(set_to_none=True)
+    P = batch.meta["prompt_len"]
+    lp, ent = pol.logprobs(model, pol.on_device(batch), slice(0, len(batch)), temperature, with_entropy=True,
+                           **kw)
+    mask = batch.fields["response_mask"]
+    (lp * mask).sum().backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return lp.detach(), ent.detach(), grads, P
+
+
+def grad_gap(g, g2) -> float:
+    """The largest difference of two sets of gradients over the largest gradient (a gradient that is zero in
+    exact arithmetic, a key bias's under the softmax, is float noise on both sides)."""
+    scale = max(float(v.abs().max()) for v in g.values())
+    return max(float((g[k] - g2[k]).abs().max()) for k in g) / scale
+
+
+@pytest.mark.parametrize("case", ["shared", "unshared", "lora"])
+def test_the_chunked_head_gives_the_plain_log_probs_entropies_and_gradients(scored, case):
+    over = ["nodes.update.lora={r: 4, alpha: 8}", "nodes.sync.payload=lora"] if case == "lora" else []
+    spec = og.load(GRAPH, [*BASE, *over])
+    kw = {"share": case != "unshared"}
+    lp, ent, g, _ = scores(spec, scored, None, **kw)
+    lp2, ent2, g2, _ = scores(spec, scored, 7, **kw)          # 7 positions a chunk: many chunks, a ragged last
+    mask = scored.fields["response_mask"] > 0
+    assert float((lp - lp2)[mask].abs().max()) < 1e-5 and float((ent - ent2)[mask].abs().max()) < 1e-4
+    assert g.keys() == g2.keys() and len(g) > 0
+    assert grad_gap(g, g2) < 1e-4
+
+
+def test_the_chunked_head_leaves_the_pictures_placeholders_out_as_the_sampler_does():
+    spec = og.load(GRAPHS / "vlm_one_step_off.yaml", ["nodes.update.mini_batch_size=64"])
+    batch = build_node(spec, "generate")[0].generate(0, prompts(spec, 0), Weights(0))
+    T = batch.meta["temperature"]
+    lp, ent, g, _ = scores(spec, batch, None, T)
+    lp2, ent2, g2, _ = scores(spec, batch, 16, T)
+    mask = batch.fields["response_mask"] > 0
+    assert float((lp2 - batch.fields["logprob"])[mask].abs().max()) < 1e-4      # the sampler's, suppress and all
+    assert float((lp - lp2)[mask].abs().max()) < 1e-5
+    assert grad_gap(g, g2) < 1e-4
+
+
+def test_a_head_that_is_not_a_plain_product_is_refused_by_name():
+    from nodes.models.chunked import hidden_states_out
+
+    spec = og.load(GRAPH)
+    model = build_node(spec, "update", shared={})[0].policy.model
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="logprob_chunk"):
+        with hidden_states_out(model):
+            pass

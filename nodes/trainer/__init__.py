@@ -67,6 +67,8 @@ OLD_LOGPROB_TORCH = Backend("old_logprob", "nodes.trainer.logprob:Logprob", uses
                             warm=WARM_MODEL, doc="the trainer's current weights (fused into a one-step update)")
 REF_LOGPROB_TORCH = Backend("ref_logprob", "nodes.trainer.logprob:Logprob", uses_model=True, sharded=True,
                             warm=WARM_MODEL, doc="the initial weights")
+
+
 class UpdateOptions(Options):
     """The torch update's options (``nodes.<update>.options``): what makes a large model fit the card."""
 
@@ -79,6 +81,10 @@ class UpdateOptions(Options):
     keep rows x (the prompt's columns + the longest completion among them) within it (at least one row), so
     long completions take small micro-batches and short ones large ones. ``micro_batch_size`` still caps the
     rows."""
+    logprob_chunk: int | None = Field(None, ge=1, le=1 << 20)
+    """Completion log-probs with the output head in chunks of this many positions, forward and backward: the
+    whole vocabulary's logits are never held (a large vocabulary's biggest activation). The trainer's other
+    forwards (old log-probs) use it too. Architectures whose logits are the head's plain product only."""
 
 
 UPDATE_TORCH = Backend("update", "nodes.trainer.update:Update", uses_model=True, data_parallel=True, sharded=True,

@@ -36,6 +36,7 @@ from nodes.models import vision
 from nodes.trainer import sharded
 from nodes.trainer.buckets import length_buckets
 from nodes.models.tokens import entropy, token_logprobs
+from nodes.models.chunked import head_logprobs, hidden_states_out
 from nodes.models.prefix import completion_logits, position_ids
 
 
@@ -92,6 +93,7 @@ class Policy:
         self.sharded = ctx.sharding == "fsdp"
         # an image-text model: its vision tower's forward time, for the update's share (nodes.models.vision)
         self.encoder = vision.EncoderClock(self.model) if vision.is_vision(path) else None
+        self.chunk: int | None = None    # positions per chunk of the output head (the update's options)
         self.suppress = vision.placeholder_ids(self.model) if vision.is_vision(path) else None   # never sampled
         if self.lora is None and not self.sharded:
             models.contiguous(self.model)       # sync exports it in one cast (its pack has the same order)
@@ -192,12 +194,24 @@ class Policy:
         C = ids.shape[1] - P
         c = max(1, int(lengths.max()))
         ids, mask = ids[:, :P + c], mask[:, :P + c]
+        pad = (0, C - c)
+        if self.chunk:                   # the output head in chunks of positions, never the whole logits
+            return self._score_chunked(model, ids, mask, P, c, pad, temperature, with_entropy, share, keys, pixels)
         with self.amp():
             # one forward of each distinct prompt of a group (nodes.models.prefix); the output head only where a
             # completion token is predicted (positions P-1 .. P+c-2), not over the prompt
             logits = completion_logits(model, ids, mask, position_ids(mask), P, share=share, keys=keys, pixels=pixels)
-        pad = (0, C - c)
         lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature, self.suppress), pad)
         if not with_entropy:
             return lp
         return lp, torch.nn.functional.pad(entropy(logits.detach(), temperature, self.suppress), pad)
+
+    def _score_chunked(self, model, ids, mask, P, c, pad, temperature, with_entropy, share, keys, pixels):
+        """:meth:`_score` with the output head applied in chunks (:mod:`nodes.models.chunked`)."""
+        with self.amp(), hidden_states_out(model) as head:
+            hidden = completion_logits(model, ids, mask, position_ids(mask), P, share=share, keys=keys, pixels=pixels)
+            b, H = hidden.shape[0], hidden.shape[-1]
+            lp, ent = head_logprobs(hidden.reshape(-1, H), head.weight, head.bias, ids[:, P:].reshape(-1),
+                                    temperature, self.suppress, self.chunk)
+        lp = torch.nn.functional.pad(lp.view(b, c), pad)
+        return (lp, torch.nn.functional.pad(ent.view(b, c), pad)) if with_entropy else lp

@@ -49,6 +49,7 @@ class Update:
         self.kl_coef = ctx.policy.kl_coef
         self.nonfinite = Streak()
         self.settings = ctx.backend_options or UpdateOptions()
+        self.policy.chunk = self.settings.logprob_chunk
         if self.settings.activation_checkpointing:     # each layer's activations recomputed in the backward
             self.policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 

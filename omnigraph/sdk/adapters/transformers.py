@@ -12,6 +12,9 @@
   back to and reuses (internal modules, not exported at the top level);
 - ``ProcessorMixin._get_num_multimodal_tokens``: how many tokens a picture of a given size expands to, by an
   image-text model's processor (the prompt-length check of data with pictures counts them);
+- a causal LM's forward computing ``logits = lm_head(hidden_states[:, kept])`` and nothing more (no scale, no
+  soft cap) for the architectures in :data:`PLAIN_HEAD`: :func:`plain_output_head` lets a trainer set the
+  head aside and compute log-probs from the hidden states in chunks;
 - ``DynamicCache.layers[i].keys`` / ``.values``: a cache's tensors, which :func:`repeat_cache_rows` expands with
   ``index_select`` (``DynamicCache.batch_select_indices`` indexes them, and the backward of an index with
   repeated rows adds its gradients in an order that varies from run to run on a CPU with several threads).
@@ -105,3 +108,23 @@ def image_token_counts(processor, sizes: list[tuple[int, int]]) -> list[int] | N
     if found is None and isinstance(data, dict):
         found = data.get("num_image_tokens")
     return None if found is None else [int(n) for n in found]
+
+
+PLAIN_HEAD = ("llama", "mistral", "qwen2", "qwen3", "llava", "phi3", "olmo2", "smollm3")
+"""``config.model_type`` of the architectures whose forward's logits are the output head's plain product in
+transformers 5.19 (checked by reading their ``forward``); others are scored with their whole logits."""
+
+
+def plain_output_head(model):
+    """The output head (an ``nn.Linear``) of a model whose logits are its plain product, else None: another
+    architecture, a head with a scale or soft cap in its config, or a head an adapter wraps (LoRA on it)."""
+    import torch
+
+    check_version()
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in PLAIN_HEAD or any(getattr(config, k, None) not in (None, 1, 1.0)
+                                     for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    head = model.get_output_embeddings()
+    return head if type(head) is torch.nn.Linear else None
