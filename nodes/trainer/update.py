@@ -52,6 +52,7 @@ class Update:
         self.policy.chunk = self.settings.logprob_chunk
         if self.settings.activation_checkpointing:     # each layer's activations recomputed in the backward
             self.policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.policy.model.config.use_cache = False            # no KV cache is kept in a training forward
 
     def train(self, step: int, batch: SampleBatch) -> None:
         s, pol = self.options, self.policy
