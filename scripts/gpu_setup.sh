@@ -23,7 +23,8 @@ trap 'rm -rf "$WORK"' EXIT
 PKGS="ray:2.60.0 jsonschema:4.26.0 jsonschema-specifications:2025.9.1 referencing:0.37.0 rpds-py:2026.9.1
       pydantic:2.14.4 pydantic-core:2.50.5 annotated-types:0.8.0 typing-inspection:0.4.5
       typing-extensions:4.16.0 math-verify:0.9.0 latex2sympy2_extended:1.11.0 antlr4-python3-runtime:4.13.2
-      transformers:5.19.0 tokenizers:0.23.3 huggingface-hub:2.4.0"
+      transformers:5.19.0 tokenizers:0.23.3 huggingface-hub:2.4.0 httpx2:2.17.0 httpcore2:2.17.0 truststore:0.10.5
+      h11:0.16.0 anyio:4.16.0 idna:3.21 fsspec:2026.9.0 hf-xet:1.8.0"
 SPECS=()
 for item in $PKGS; do
     name=${item%%:*}; fallback=${item#*:}
