@@ -28,7 +28,10 @@
    ``advisor_run_spread``: (max - min) / mean of those three runs, the noise the error is read against
    (``advisor_error_within_noise``: the error at most max(0.10, the spread)).
 
-``--only delta|lend|advisor`` runs one part (repeatable).
+4. **The advisor at scale** (``--only scale``, 8 cores or more): fitted on runs with pools of 1 and 2 cores,
+   its predictions for pools of 4 and 8 against fresh runs: ``advisor_scale_error``, the larger relative error.
+
+``--only delta|lend|advisor|scale`` runs one part (repeatable).
 
 Every s/step is the run's steady-state median (``summary.json``). The machine is shared and has 2 cores: the
 runs are one at a time.
@@ -48,7 +51,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 GRAPH = str(ROOT / "graphs" / "grpo_one_step_off.yaml")
 GPU_GRAPH = str(ROOT / "graphs" / "gpu" / "grpo_one_step_off.yaml")
-PARTS = ("delta", "lend", "advisor")
+PARTS = ("delta", "lend", "advisor", "scale")
 SYNC_GRAPH = str(ROOT / "graphs" / "grpo_sync.yaml")
 
 
@@ -208,6 +211,39 @@ def advisor(where: Path, it: int) -> dict:
                                 for n, s in scaling.items()}}
 
 
+def advisor_scale(where: Path, it: int) -> dict:
+    """The advisor's scaling model against bigger pools: fitted on runs with pools of 1 and 2 cores (separate 1+1
+    and 2+2 one-step-off, colocated 2 sync), its predictions for separate 4+4 one-step-off and colocated 8 sync
+    against fresh runs of those layouts. Needs 8 cores (a 16-core host: the GPU machines')."""
+    import os
+    from omnigraph.planning import layouts
+    from omnigraph.planning.compile import to_spec
+    cores = len(os.sched_getaffinity(0))
+    if cores < 8:
+        return {"advisor_scale": f"not run: needs 8 cores, this machine has {cores}"}
+    base = [f"schedule.iterations={it}"]
+
+    def split(k: int) -> list[str]:
+        return [*base, f"pools.rollout.cpus={k}", f"pools.trainer.cpus={k}"]
+
+    calib = [go(GRAPH, split(1), where, "scale_1+1")[0], go(GRAPH, split(2), where, "scale_2+2")[0],
+             go(SYNC_GRAPH, [*base, "pools.trainer.cpus=2"], where, "scale_colocated2")[0]]
+    spec = to_spec(GRAPH)
+    scaling, runs = layouts.fit_scaling(spec, [str(c.run_dir) for c in calib])
+    rows = {(r.layout, r.schedule): r for r in layouts.layouts(spec, scaling, 8, runs)}
+    targets = {("separate 4+4", "one_step_off"): go(GRAPH, split(4), where, "scale_4+4")[0],
+               ("colocated 8", "sync"): go(SYNC_GRAPH, [*base, "pools.trainer.cpus=8"], where, "scale_colocated8")[0]}
+    out, errors = {}, []
+    for (layout, schedule), run in targets.items():
+        predicted, measured = rows[(layout, schedule)].predicted_s, run.summary["s_per_step"]
+        errors.append(abs(predicted - measured) / measured)
+        out[f"{layout}, {schedule}"] = {"predicted_s": predicted, "measured_s": measured,
+                                        "error": round(errors[-1], 4)}
+    return {"advisor_scale_error": round(max(errors), 4), "advisor_scale_cases": out,
+            "advisor_scale_calibration_s": {Path(c.run_dir).parent.name: c.summary["s_per_step"] for c in calib},
+            "advisor_scale_cores": cores}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations per run (16, else 40; twice as many "
@@ -234,6 +270,8 @@ def main() -> int:
             out.update(lending(where, 2 * it, cuda))
         if "advisor" in parts:
             out.update(advisor(where, 2 * it))
+        if "scale" in parts:
+            out.update(advisor_scale(where, 2 * it))
     out["model"] = ("tiny (embedded), local Ray; delta and advisor: CPU, rollout and trainer 1 CPU each unless "
                     "colocated; lending: " + lending_graph(cuda)[1])
     record.emit("levers", out, args)
