@@ -115,10 +115,7 @@ def plain(path: Path, rows: int, tokens: int, reps: int) -> dict:
         opt.step()
 
     s, peak = timed(step, reps)
-    n = sum(p.numel() for p in model.parameters())
-    del model, opt
-    torch.cuda.empty_cache()
-    return {"s": s, "peak_gib": peak, "params": n}
+    return {"s": s, "peak_gib": peak, "params": sum(p.numel() for p in model.parameters())}
 
 
 def batch_of(rows: int, tokens: int, prompt: int, vocab: int) -> SampleBatch:
@@ -139,10 +136,7 @@ def ours(path: Path, batch: SampleBatch, options: dict, reps: int) -> dict:
     upd, ctx = build_node(spec, "update", shared={})
     i = iter(range(1, 10 ** 6))
     s, peak = timed(lambda: upd.train(next(i), batch), reps)
-    out = {"s": s, "peak_gib": peak, "mfu_logged": ctx.metrics.get("mfu")}
-    del upd
-    torch.cuda.empty_cache()
-    return out
+    return {"s": s, "peak_gib": peak, "mfu_logged": ctx.metrics.get("mfu")}
 
 
 def measure(shape: str, folder: Path, args, tflops: float) -> dict:
@@ -151,6 +145,7 @@ def measure(shape: str, folder: Path, args, tflops: float) -> dict:
     out: dict = {"shape": shape, "rows": args.rows, "tokens_per_row": args.tokens, "prompt_tokens": args.prompt}
     try:
         ref = plain(path, args.rows, args.tokens, args.reps)
+        torch.cuda.empty_cache()                    # the model and optimizer of the reference are gone
         out.update(params_b=round(ref["params"] / 1e9, 3), plain_tokens_per_s=round(tokens / ref["s"]),
                    plain_peak_gib=round(ref["peak_gib"], 2),
                    plain_mfu=round(6 * ref["params"] * tokens / ref["s"] / (tflops * 1e12), 3))
@@ -161,6 +156,7 @@ def measure(shape: str, folder: Path, args, tflops: float) -> dict:
     for name in args.variants.split(","):
         try:
             r = ours(path, batch, VARIANTS[name], args.reps)
+            torch.cuda.empty_cache()
         except torch.OutOfMemoryError:
             out[f"{name}"] = "oom"
             torch.cuda.empty_cache()
