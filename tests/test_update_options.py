@@ -5,6 +5,7 @@ update reports its tokens per second (and, on a GPU, its MFU)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import omnigraph as og
 from omnigraph.errors import GraphError
@@ -131,3 +132,47 @@ def test_a_head_that_is_not_a_plain_product_is_refused_by_name():
     with pytest.raises(ValueError, match="logprob_chunk"):
         with hidden_states_out(model):
             pass
+
+
+def test_a_full_update_that_cannot_fit_its_card_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    import json
+
+    from nodes.trainer import memory
+
+    # Qwen2.5-7B's shape: 7.6e9 parameters, 16 bytes each in the update's state, against an 80 GiB card
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}))
+    assert memory.parameters(json.loads((tmp_path / "config.json").read_text())) == 7_615_616_512
+    monkeypatch.setattr(memory, "card_gib", lambda: 80.0)
+    gpu = GRAPHS / "gpu" / "grpo_one_step_off.yaml"
+    with pytest.raises(GraphError, match=r"113 GiB per card.*cards of 80 GiB.*nodes.update.lora: {r: 16}") as e:
+        og.compile(gpu, overrides=[f"model.path={tmp_path}"])
+    assert "sharding: fsdp" in str(e.value)
+    og.compile(gpu, overrides=[f"model.path={tmp_path}", "nodes.update.lora={r: 16}", "nodes.sync.payload=lora"])
+    monkeypatch.setattr(memory, "card_gib", lambda: 141.0)             # an H200: the state fits (a lower bound)
+    og.compile(gpu, overrides=[f"model.path={tmp_path}"])
+    monkeypatch.setattr(memory, "card_gib", lambda: None)              # no GPU where the graph is checked
+    og.compile(gpu, overrides=[f"model.path={tmp_path}"])
+
+
+@pytest.mark.parametrize("shape", [
+    dict(model_type="llama", vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+         num_key_value_heads=3, intermediate_size=1536, tie_word_embeddings=True),
+    dict(model_type="qwen2", hidden_size=896, num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
+         intermediate_size=4864, vocab_size=1000, tie_word_embeddings=True),
+    dict(model_type="mistral", hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+         intermediate_size=512, vocab_size=1000, tie_word_embeddings=False, head_dim=64),
+    dict(model_type="qwen3", hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+         intermediate_size=512, vocab_size=1000, tie_word_embeddings=True, head_dim=64),
+    dict(model_type="olmo2", hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+         intermediate_size=512, vocab_size=1000, tie_word_embeddings=False)])
+def test_the_parameter_count_from_the_config_is_the_models_own(shape):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from nodes.trainer.memory import parameters
+
+    kw = {k: v for k, v in shape.items() if k != "model_type"}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(shape["model_type"], **kw))
+    assert parameters(shape) == sum(p.numel() for p in model.parameters())

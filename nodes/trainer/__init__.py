@@ -11,6 +11,8 @@ from pydantic import Field
 
 from omnigraph.sdk import Backend, ConfigError, Options, load
 
+from nodes.trainer import memory
+
 WARM_MODEL = "nodes.models:warm"
 """Warm workers import the model's architecture code with the backend's module (``Backend.warm``)."""
 
@@ -27,11 +29,31 @@ def _torch_trainer(node, options, spec) -> list:
         out.append(ConfigError(f"data-parallel training over {pool.actors} trainer actors with {pool.gpus:g} GPU "
                                "each: NCCL needs each rank on a GPU of its own", where=f"pools.{options.pool}.gpus",
                                fix=f"set pools.{options.pool}.gpus: 1, or pools.{options.pool}.actors: 1"))
+    out += _fits(node, options, spec, pool)
     if pool.actors > 1 and spec.runtime.executor == "local":
         out.append(ConfigError(f"data-parallel training over {pool.actors} trainer actors needs one process per "
                                "actor", where="runtime.executor",
                                fix=f"use the ray or ray-tasks executor, or pools.{options.pool}.actors: 1"))
     return out
+
+
+def _fits(node, options, spec, pool) -> list:
+    """A full-parameter update whose weights, gradients and optimizer state alone exceed the trainer's share of
+    its card (:mod:`nodes.trainer.memory`: a lower bound, checked where the card can be asked)."""
+    if pool.gpus <= 0 or getattr(options, "lora", None) is not None:
+        return []
+    need = memory.update_state_gib(spec.model.path)
+    card = memory.card_gib() if need is not None else None
+    if need is None or card is None:
+        return []
+    per_card = need / pool.actors if pool.sharding != "none" else need
+    if per_card <= card:             # the whole card (a pool with a fraction of it shares it: a lower bound still)
+        return []
+    return [ConfigError(f"a full-parameter update of this model keeps {per_card:.0f} GiB per card of float32 weights, "
+                        f"gradients and AdamW state (16 bytes a parameter) before any activation; the pool "
+                        f"'{options.pool}' runs on cards of {card:.0f} GiB", where=f"nodes.{node}.lora",
+                        fix=f"train LoRA adapters (nodes.{node}.lora: {{r: 16}}), or shard the state over more cards "
+                            f"(pools.{options.pool}.sharding: fsdp, actors: N)")]
 
 
 def _capabilities(kind: str, backend: str) -> frozenset:

@@ -1,0 +1,72 @@
+"""Whether a full-parameter update can fit its card, known before anything starts.
+
+The torch update keeps float32 master weights, their gradients and AdamW's two moments: 16 bytes a parameter,
+whatever ``model.dtype`` (bf16 is autocast compute). That much is needed before any activation, so where it
+alone exceeds what the trainer's pool has of its card, the graph cannot run, and ``omnigraph check`` says so
+with the fixes (LoRA, or the state sharded over more cards) instead of a CUDA out-of-memory error minutes in.
+It is a lower bound: a graph that passes may still need more (activations, the rollout's share of the card).
+
+The parameters are counted from ``config.json`` for the decoder-only architectures in :data:`DENSE`
+(embeddings, attention with grouped keys and values, the gated MLP, norms; tested against the models' own
+counts); the card's memory is ``nvidia-smi``'s, on the machine that checks the graph.
+
+>>> parameters({"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "num_hidden_layers": 30,
+...             "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
+...             "tie_word_embeddings": True})
+134515008
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+BYTES_PER_PARAMETER = 16
+"""float32 weight, float32 gradient, AdamW's two float32 moments."""
+DENSE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2")
+
+
+def parameters(config: dict) -> int | None:
+    """The parameter count of a decoder-only model of ``config`` (None: an architecture not in :data:`DENSE`)."""
+    if config.get("model_type") not in DENSE:
+        return None
+    h, n, v = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    hd = config.get("head_dim") or h // heads
+    bias = config["model_type"] == "qwen2" or bool(config.get("attention_bias"))
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h + (heads * hd + 2 * kv * hd if bias else 0)
+    if config["model_type"] in ("qwen3", "olmo2"):         # per-head (qwen3) or whole (olmo2) q/k norms
+        attn += 2 * hd if config["model_type"] == "qwen3" else heads * hd + kv * hd
+    mlp = 3 * h * config["intermediate_size"] + (2 * config["intermediate_size"] + h if config.get("mlp_bias") else 0)
+    layer = attn + mlp + 2 * h
+    head = 0 if config.get("tie_word_embeddings", False) else v * h
+    return v * h + n * layer + h + head
+
+
+def card_gib() -> float | None:
+    """The first GPU's memory in GiB, by ``nvidia-smi`` (None: no GPU or no ``nvidia-smi`` here)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return float(out.stdout.split()[0]) / 1024 if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def update_state_gib(model_path: str) -> float | None:
+    """The full-parameter update's weights, gradients and optimizer state in GiB, for a model folder whose
+    architecture :func:`parameters` counts (None otherwise: an alias, another architecture)."""
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        n = parameters(json.loads(config.read_text()))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None if n is None else n * BYTES_PER_PARAMETER / 2 ** 30
