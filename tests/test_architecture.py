@@ -106,13 +106,15 @@ class TestRegistry:
 
     def test_the_engine_does_not_import_node_code_to_check_a_graph(self):
         # the backends' descriptor modules (the role packages' light __init__), the task class whose options it
-        # checks and the reward function the graph names; no node implementation, no torch
+        # checks, the reward function the graph names and the trainer's memory check; no node implementation,
+        # no torch
         code = ("import sys, omnigraph as og; og.compile('graphs/grpo_one_step_off.yaml'); "
                 "print(sorted(m for m in sys.modules if m.startswith('nodes.')), 'torch' in sys.modules)")
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split() == ["['nodes.rewards',", "'nodes.rewards.rules',", "'nodes.rollout',", "'nodes.tasks',",
-                                      "'nodes.tasks.procedural',", "'nodes.trainer']", "False"], out.stdout
+                                      "'nodes.tasks.procedural',", "'nodes.trainer',", "'nodes.trainer.memory']",
+                                      "False"], out.stdout
 
 
 def test_the_engine_names_no_node_module():
