@@ -109,10 +109,15 @@ def build(name: str, folder: Path) -> tuple[Path, str]:
         if (real / "config.json").exists():
             return real, "real weights"
     target = folder / name
-    if (target / "config.json").exists():
-        return target, "random weights"
+    if not (target / "config.json").exists():
+        random_model(*SHAPES[name], target)
+    return target, "random weights"
+
+
+def random_model(arch: str, shape: dict, target: Path) -> Path:
+    """Save a model of architecture ``arch`` and ``shape`` with random bf16 weights (built on the GPU, seed 0)
+    and a tokenizer of its vocabulary (:func:`tokenizer`) to ``target``."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    arch, shape = SHAPES[name]
     tok = tokenizer(shape["vocab_size"])
     cfg = AutoConfig.for_model(arch, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                                pad_token_id=tok.pad_token_id, **shape)
@@ -122,7 +127,8 @@ def build(name: str, folder: Path) -> tuple[Path, str]:
     model.save_pretrained(target, safe_serialization=True)
     tok.save_pretrained(target)
     del model
-    return target, "random weights"
+    torch.cuda.empty_cache()
+    return target
 
 
 def spec_for(path: Path, overrides: list[str], graph: Path = GPU_GRAPH):

@@ -73,20 +73,8 @@ def card_tflops(reps: int = 10) -> float:
 
 def build(shape: str, folder: Path) -> Path:
     """A model folder of ``shape`` with random weights and a tokenizer of its vocabulary."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from gpu import tokenizer
-    target = folder / shape
-    tok = tokenizer(SHAPES[shape]["vocab_size"])
-    cfg = AutoConfig.for_model("qwen2", bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                               pad_token_id=tok.pad_token_id, **SHAPES[shape])
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.save_pretrained(target, safe_serialization=True)
-    tok.save_pretrained(target)
-    del model
-    torch.cuda.empty_cache()
-    return target
+    from gpu import random_model
+    return random_model("qwen2", SHAPES[shape], folder / shape)
 
 
 def timed(step, reps: int) -> tuple[float, float]:

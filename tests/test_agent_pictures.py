@@ -119,6 +119,12 @@ def test_a_picture_that_does_not_fit_the_episodes_budget_is_left_out_with_its_to
     f, image = batch.fields, gen.tok.convert_tokens_to_ids("<image>")
     for row, pix in zip(f["input_ids"], f["pixel_values"]):
         assert int((row == image).sum()) == 16 * len(pix)
-    assert 1 in {len(p) for p in f["pixel_values"]}              # left out where the first reply was long
+    # each row keeps the second picture exactly where the first reply left room for "again", its 16 tokens and
+    # one column after them
+    again = len(gen.tok("again", add_special_tokens=False).input_ids)
+    for mask, pix in zip(f["response_mask"], f["pixel_values"]):
+        first = int(mask.tolist().index(0)) if 0 in mask.tolist() else len(mask)      # the first reply's tokens
+        assert len(pix) == (2 if first + again + 16 < 24 else 1), (first, len(pix))
+    assert 1 in {len(p) for p in f["pixel_values"]}              # the cut happened in this batch
     lp = scored(spec, batch)
     assert float(((lp - f["logprob"]).abs() * f["response_mask"]).max()) < 1e-4
