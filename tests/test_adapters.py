@@ -163,6 +163,18 @@ def test_transformers_privates_are_where_the_adapter_expects_them():
     assert cache.layers[0].values.shape == (4, 1, 2, 2)
 
 
+def test_a_patch_grid_models_rope_index_and_deltas_are_where_the_adapter_expects_them():
+    from transformers import Qwen2_5_VLModel, Qwen2VLModel
+    for cls in (Qwen2VLModel, Qwen2_5_VLModel):
+        assert "mm_token_type_ids" in inspect.signature(cls.get_rope_index).parameters
+        assert "rope_deltas" in inspect.getsource(cls.__init__)
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    prepare = Qwen2_5_VLForConditionalGeneration._prepare_position_ids_for_generation
+    assert "mm_token_type_ids" in inspect.getsource(prepare)
+    assert transformers_adapter.has_rope_index(torch.nn.Linear(1, 1)) is False
+    assert transformers_adapter.generate_inputs(torch.nn.Linear(1, 1), torch.zeros(1, 1)) == {}
+
+
 def test_the_tiny_reward_models_tokenizer_has_a_public_backend():
     from nodes.zoo.tiny_rm import build_tokenizer_rm
     tok = build_tokenizer_rm()                    # sets its post-processor through tok.backend_tokenizer

@@ -22,13 +22,25 @@ from __future__ import annotations
 
 import torch
 
-from omnigraph.sdk.adapters.transformers import repeat_cache_rows
+from omnigraph.sdk.adapters.transformers import (generate_inputs, has_rope_index, repeat_cache_rows, rope_index,
+                                                 set_rope_deltas)
+
+from nodes.models import vision
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding (what ``generate`` uses), so trainer and rollout agree."""
     pos = attention_mask.long().cumsum(-1) - 1
     return pos.clamp(min=0)
+
+
+def positions(model, ids: torch.Tensor, mask: torch.Tensor, pixels: list | None = None) -> torch.Tensor:
+    """Each token's position, as the rollout placed it: :func:`position_ids`, or for a patch-grid model's rows
+    with pictures (``pixels``: each row's, :mod:`nodes.models.vision`), its 3-D positions ``[3, b, n]``."""
+    grid = pictures(pixels, range(len(ids)), ids.device).get(vision.GRID)
+    if grid is None or not has_rope_index(model):
+        return position_ids(mask)
+    return rope_index(model, ids, mask, grid)[0]
 
 
 def groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -53,12 +65,13 @@ def groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 
 
 def pictures(pixels: list | None, rows, device) -> dict:
-    """``{"pixel_values": ...}`` of ``rows`` (indices into ``pixels``, each row's ``pixel_values`` or ``None``)
-    on ``device``, in row order (the order a model fills its image tokens in); ``{}`` where they have none."""
+    """The pixel inputs (``{"pixel_values": ...}``, and the grids of a patch-grid model) of ``rows`` (indices
+    into ``pixels``, each row's or ``None``) on ``device``, in row order (the order a model fills its image
+    tokens in); ``{}`` where they have none."""
     if pixels is None:
         return {}
     found = [pixels[int(i)] for i in rows if pixels[int(i)] is not None]
-    return {"pixel_values": torch.cat(found).to(device)} if found else {}
+    return vision.model_inputs(vision.concat(found), device) if found else {}
 
 
 def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
@@ -67,19 +80,19 @@ def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids
     positions ``P - 1 .. P + c - 2``: one forward of each distinct prompt when the rows share prompts (and
     ``share``), else one forward of the whole rows. The output head runs only where a completion token is
     predicted: the head of a large vocabulary is a good part of a small model's compute. ``keys`` and ``pixels``:
-    the rows' pictures (the module docstring)."""
+    the rows' pictures (the module docstring). ``position_ids``: ``[b, n]``, or ``[3, b, n]`` (:func:`positions`)."""
     P = prompt_len
     c = ids.shape[1] - P
     found = groups(ids[:, :P], mask[:, :P], keys) if share and P > 0 else None
     if found is None:
-        out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],
+        out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[..., :-1],
                     logits_to_keep=c, **pictures(pixels, range(len(ids)), ids.device))
         return out.logits
     from transformers import DynamicCache
 
     first, inverse = found
     cache = DynamicCache(config=getattr(model, "config", None))
-    head = model(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=position_ids[first, :P],
+    head = model(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=position_ids[..., first, :P],
                  past_key_values=cache, use_cache=True, logits_to_keep=1, **pictures(pixels, first, ids.device))
     # index_select, not indexing: its backward sums each prompt's rows in a fixed order (bit-identical reruns)
     first_logits = head.logits.index_select(0, inverse)     # [b, 1, V]: each row's first completion token
@@ -87,7 +100,7 @@ def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids
         return first_logits
     cache = head.past_key_values
     repeat_cache_rows(cache, inverse)             # each row's copy of its prompt's keys and values
-    rest = model(input_ids=ids[:, P:-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, P:-1],
+    rest = model(input_ids=ids[:, P:-1], attention_mask=mask[:, :-1], position_ids=position_ids[..., P:-1],
                  past_key_values=cache, use_cache=True, logits_to_keep=c - 1)
     return torch.cat([first_logits, rest.logits], 1)
 
@@ -110,7 +123,22 @@ def prefill(model, ids: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | N
     first, inverse = found
     cache = DynamicCache(config=getattr(model, "config", None))
     ids, mask = ids[first, :-1], mask[first, :-1]
-    model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache, use_cache=True,
-          logits_to_keep=1, **pictures(pixels, first, ids.device))
+    shown = pictures(None if pixels is None else [pixels[int(i)] for i in first], range(len(first)), ids.device)
+    pos = position_ids(mask)
+    if has_rope_index(model):
+        # a patch-grid model's 3-D positions; generate places each row's next tokens by its offset from them
+        deltas = torch.zeros(len(first), 1, dtype=torch.long, device=ids.device)
+        if vision.GRID in shown:
+            pos, deltas = rope_index(model, ids, mask, shown[vision.GRID])
+        set_rope_deltas(model, deltas.index_select(0, inverse))
+    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+          logits_to_keep=1, **shown)
     repeat_cache_rows(cache, inverse)
     return cache
+
+
+def generate_pictures(model, ids: torch.Tensor, pixels: list | None, cache) -> dict:
+    """What ``generate`` reads of the rows' pictures beside ``ids``: nothing where :func:`prefill` read them
+    (``cache``); else their pixel inputs, and for a patch-grid model which tokens are pictures."""
+    seen = {} if cache is not None else pictures(pixels, range(len(ids)), ids.device)
+    return {**seen, **generate_inputs(model, ids)} if seen else seen

@@ -8,6 +8,11 @@ saved with the model) turns the pictures into the tensors its vision tower takes
 as many image tokens as the tower yields, so the prompt's ids are exactly what the model reads; the
 rollout and the trainer run the same pixels.
 
+A prompt's pixel inputs are one tensor (``pixel_values``, LLaVA and its kind) or, for a patch-grid model
+(Qwen2-VL, Qwen2.5-VL: :mod:`nodes.models.patch_grid`), a dict of ``pixel_values`` (the patches) and
+``image_grid_thw`` (each picture's grid), which the model places by 3-D rotary positions; :func:`concat` joins
+several and :func:`model_inputs` makes them a forward's keyword arguments.
+
 >>> import torch
 >>> image_key(torch.zeros(1, 3, 2, 2)) == image_key(torch.zeros(1, 3, 2, 2)), image_key(None)
 (True, 0)
@@ -23,6 +28,8 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from nodes.models import patch_grid
+
 PLACEHOLDER = "<image>"
 
 
@@ -36,6 +43,8 @@ def processor(model_dir: Path):
     """The model's processor (tokenizer and image processor), or ``None`` for a text-only model."""
     if not is_vision(model_dir):
         return None
+    if patch_grid.serves(model_dir):           # transformers' own needs torchvision for its video part
+        return patch_grid.GridProcessor.from_pretrained(model_dir)
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(model_dir)
@@ -57,16 +66,52 @@ def open_images(blobs, where: str = "the prompt") -> list:
 def encode(proc, prompt, text: str, head: list[int]):
     """``(ids, pixel_values)`` of a prompt with pictures: ``head`` (the ids before the text, e.g. bos), then
     ``text`` (the prompt's text or its rendered chat) with each placeholder expanded into the picture's image
-    tokens; ``pixel_values`` ``[n, ...]`` as the processor makes them (float32)."""
+    tokens; the pictures' pixel inputs as the processor makes them (float32; :func:`pack`)."""
     token = getattr(proc, "image_token", PLACEHOLDER)
-    if token != PLACEHOLDER:
-        text = text.replace(PLACEHOLDER, token)
+    text = with_image_tokens(proc, text)
     found = text.count(token)
     if found != len(prompt.images):
         raise ValueError(f"the prompt has {len(prompt.images)} picture(s) and {found} placeholder(s) "
                          f"'{token}' for them: {prompt.text[:80]!r}")
     enc = proc(text=[text], images=open_images(prompt.images), return_tensors="pt", add_special_tokens=False)
-    return head + enc["input_ids"][0].tolist(), enc["pixel_values"].float()
+    return head + enc["input_ids"][0].tolist(), pack(enc)
+
+
+GRID = "image_grid_thw"
+
+
+def pack(out):
+    """A processor's output for some pictures as their pixel inputs: ``pixel_values`` (float32), with the
+    pictures' grids beside it where the processor gives them."""
+    px = out["pixel_values"].float()
+    return {"pixel_values": px, GRID: out[GRID]} if GRID in out else px
+
+
+def pixel_inputs(proc, images: list):
+    """The pixel inputs of ``images`` (PIL) by ``proc``'s image processor."""
+    return pack(proc.image_processor(images=images, return_tensors="pt"))
+
+
+def concat(items: list):
+    """Several pixel inputs (in order) as one."""
+    import torch
+
+    if isinstance(items[0], dict):
+        return {k: torch.cat([i[k] for i in items]) for k in items[0]}
+    return torch.cat(items)
+
+
+def model_inputs(item, device=None) -> dict:
+    """Pixel inputs as a forward's keyword arguments (on ``device``)."""
+    kw = dict(item) if isinstance(item, dict) else {"pixel_values": item}
+    return kw if device is None else {k: v.to(device) for k, v in kw.items()}
+
+
+def with_image_tokens(proc, text: str) -> str:
+    """``text`` with each ``<image>`` written as ``proc``'s model marks a picture (its image token, and the
+    tokens it puts around it where it has any)."""
+    token = getattr(proc, "image_text", getattr(proc, "image_token", PLACEHOLDER))
+    return text.replace(PLACEHOLDER, token) if token != PLACEHOLDER else text
 
 
 def placeholder_ids(model) -> list[int]:
@@ -83,7 +128,10 @@ def image_key(pixels) -> int:
 
     if pixels is None:
         return 0
-    return zlib.crc32(pixels.to(torch.float32).contiguous().numpy().tobytes()) + 1
+    crc = 0
+    for v in (pixels.values() if isinstance(pixels, dict) else [pixels]):
+        crc = zlib.crc32(v.to(torch.float32).contiguous().numpy().tobytes(), crc)
+    return crc + 1
 
 
 def tower(model):

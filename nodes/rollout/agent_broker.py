@@ -13,6 +13,8 @@ from typing import Any
 
 from omnigraph.sdk import Prompt
 
+from nodes.models import vision
+
 
 class AgentError(Exception):
     """A request the endpoint refuses: an OpenAI-shaped error (status, type, message, param)."""
@@ -51,7 +53,7 @@ class AgentEpisode:
     log: list[dict] = field(default_factory=list)        # the answers it was given, in order (for a resume)
     replay: int = 0                    # after a resume: answers of the log still to give again
     pictures: list[bytes] = field(default_factory=list)  # the pictures in the sample's tokens, in order
-    pixels: list = field(default_factory=list)           # their pixel values, one tensor each
+    pixels: list = field(default_factory=list)           # their pixel inputs (nodes.models.vision), one each
 
     def add(self, tokens: list[int], trained: bool, logprobs: list[float] | None = None, version: int = -1) -> None:
         self.tokens += tokens
@@ -70,16 +72,14 @@ class AgentEpisode:
 
     def samples(self) -> list[tuple]:
         """``(prompt ids, tokens, trained flags, logprobs, last reply, versions, pixel values)`` of each sample of
-        the episode, in order (pixel values: the pictures' in one tensor, ``None`` without pictures)."""
+        the episode, in order (pixel values: the pictures' as one, ``None`` without pictures)."""
         return [*self.segments,
                 ((self.ids or [])[:self.prompt_len], self.tokens, self.model, self.logprob, self.last, self.versions,
                  self.pixel_values())]
 
     def pixel_values(self):
-        """The pixel values of the sample's pictures in one tensor (``None``: no pictures)."""
-        import torch
-
-        return torch.cat(self.pixels) if self.pixels else None
+        """The pixel inputs of the sample's pictures as one (``None``: no pictures)."""
+        return vision.concat(self.pixels) if self.pixels else None
 
     STATE = ("eid", "index", "ids", "head", "prompt_len", "tokens", "model", "logprob", "sampled", "requests",
              "tool_calls", "mismatches", "truncated", "last", "segments", "versions", "step", "spans", "log",

@@ -161,8 +161,7 @@ class Expander:
 
     def expand(self, text: str, pics: list[bytes]) -> str:
         """``text`` (rendered with a placeholder per picture, the first ``len(pics)`` of them) expanded."""
-        if self.token != vision.PLACEHOLDER:
-            text = text.replace(vision.PLACEHOLDER, self.token)
+        text = vision.with_image_tokens(self.proc, text)
         pieces = text.split(self.token)
         if len(pieces) - 1 != len(pics):
             raise AgentError(400, f"the request's text holds {len(pieces) - 1 - len(pics):+d} '{self.token}' beyond "
@@ -171,7 +170,7 @@ class Expander:
         return "".join(p + (self.token * counts[k] if k < len(counts) else "") for k, p in enumerate(pieces))
 
     def pixels(self, pics: list[bytes]):
-        return self.proc.image_processor(vision.open_images(pics), return_tensors="pt")["pixel_values"].float()
+        return vision.pixel_inputs(self.proc, vision.open_images(pics))
 
 
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")

@@ -40,6 +40,7 @@ import torch
 from omnigraph.sdk import ConfigError, Prompt
 from omnigraph.sdk.registry import load_dotted
 
+from nodes.models import vision
 from nodes.models.vision import image_key
 from nodes.rollout.agent_broker import AgentEpisode, AgentError, Broker, Call
 from nodes.rollout.agent_chat import message_key, parse_tool_calls, plain, render, text_of
@@ -232,11 +233,11 @@ class Agents:
         text = render(self.template, msgs, tools, generation_prompt)
         return text if self.expander is None else self.expander.expand(text, pics[:placeholders_in(msgs)])
 
-    def pixels(self, pics: list[bytes]) -> list[torch.Tensor]:
-        """Each picture's pixel values, computed once per picture in a batch of agents."""
-        todo = [b for b in dict.fromkeys(pics) if b not in self._pixels]
-        if todo:
-            self._pixels.update(zip(todo, self.expander.pixels(todo).split(1)))
+    def pixels(self, pics: list[bytes]) -> list:
+        """Each picture's pixel inputs (:mod:`nodes.models.vision`), computed once per picture in a batch of agents."""
+        for b in dict.fromkeys(pics):
+            if b not in self._pixels:
+                self._pixels[b] = self.expander.pixels([b])
         return [self._pixels[b] for b in pics]
 
     def _client_view(self, e: AgentEpisode) -> str:
@@ -308,7 +309,7 @@ class Agents:
                 e.truncated = True
                 c.future.set_result(self._answer(c, [([], [], "length")], len(ids)))
                 continue
-            plan.append((c, ids, cap, len(rows), torch.cat(self.pixels(pics)) if pics else None))
+            plan.append((c, ids, cap, len(rows), vision.concat(self.pixels(pics)) if pics else None))
             rows += [ids] * c.n
         if not rows:
             return 0

@@ -31,7 +31,7 @@ from nodes import models
 from nodes.rollout import HfOptions
 from nodes.rollout.decode import StaticDecoder, bucket, use_gqa
 from nodes.models.tokens import token_logprobs
-from nodes.models.prefix import pictures, prefill
+from nodes.models.prefix import generate_pictures, prefill
 from nodes.models.vision import EncoderClock, image_key, placeholder_ids, processor
 from nodes.rollout.base import Rollout
 
@@ -178,7 +178,7 @@ class Generate(Rollout):
         ids, mask = ids.to(self.device), mask.to(self.device)
         keys = None if pixels is None else torch.tensor([image_key(p) for p in pixels], device=self.device)
         cache = prefill(self.model, ids, mask, keys, pixels, self.suppress)
-        seen = {} if cache is not None else pictures(pixels, range(len(rows)), self.device)
+        seen = generate_pictures(self.model, ids, pixels, cache)
         out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **seen,
                                   do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0,
                                   max_new_tokens=max(budgets), eos_token_id=self.stops, pad_token_id=tok.pad_token_id,
@@ -221,7 +221,7 @@ class Generate(Rollout):
             t0, self.stopper.first = time.perf_counter(), None
             # the prompts' keys and values once per prompt, not once per sample (nodes.models.prefix)
             cache = prefill(self.model, on_ids, on_mask, keys, rows, self.suppress)
-            seen = {} if cache is not None else pictures(rows, range(len(ids)), self.device)   # else generate reads them
+            seen = generate_pictures(self.model, on_ids, rows, cache)       # else generate reads them
             out = self.model.generate(input_ids=on_ids, attention_mask=on_mask, **seen,
                                       past_key_values=cache, do_sample=not greedy,
                                       temperature=s.temperature if not greedy else None,

@@ -49,7 +49,7 @@ def picture_lengths(tok, proc, prompts: list[Prompt], model_name: str = "the mod
             out.append(len(encode_pictures(tok, proc, p, model_name)[0]))
             continue
         token = getattr(proc, "image_token", vision.PLACEHOLDER)
-        text = text.replace(vision.PLACEHOLDER, token) if token != vision.PLACEHOLDER else text
+        text = vision.with_image_tokens(proc, text)
         n = len(head) + len(tok(text, add_special_tokens=False).input_ids)
         out.append(n + sum(counts) - len(counts) * len(tok(token, add_special_tokens=False).input_ids))
     return out

@@ -37,7 +37,7 @@ from nodes.trainer import sharded
 from nodes.trainer.buckets import length_buckets
 from nodes.models.tokens import entropy, token_logprobs
 from nodes.models.chunked import head_logprobs, hidden_states_out
-from nodes.models.prefix import completion_logits, position_ids
+from nodes.models.prefix import completion_logits, positions
 
 
 def _native_bf16() -> bool:
@@ -200,7 +200,7 @@ class Policy:
         with self.amp():
             # one forward of each distinct prompt of a group (nodes.models.prefix); the output head only where a
             # completion token is predicted (positions P-1 .. P+c-2), not over the prompt
-            logits = completion_logits(model, ids, mask, position_ids(mask), P, share=share, keys=keys, pixels=pixels)
+            logits = completion_logits(model, ids, mask, positions(model, ids, mask, pixels), P, share=share, keys=keys, pixels=pixels)
         lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature, self.suppress), pad)
         if not with_entropy:
             return lp
@@ -209,7 +209,7 @@ class Policy:
     def _score_chunked(self, model, ids, mask, P, c, pad, temperature, with_entropy, share, keys, pixels):
         """:meth:`_score` with the output head applied in chunks (:mod:`nodes.models.chunked`)."""
         with self.amp(), hidden_states_out(model) as head:
-            hidden = completion_logits(model, ids, mask, position_ids(mask), P, share=share, keys=keys, pixels=pixels)
+            hidden = completion_logits(model, ids, mask, positions(model, ids, mask, pixels), P, share=share, keys=keys, pixels=pixels)
             b, H = hidden.shape[0], hidden.shape[-1]
             lp, ent = head_logprobs(hidden.reshape(-1, H), head.weight, head.bias, ids[:, P:].reshape(-1),
                                     temperature, self.suppress, self.chunk)

@@ -15,6 +15,10 @@
 - a causal LM's forward computing ``logits = lm_head(hidden_states[:, kept])`` and nothing more (no scale, no
   soft cap) for the architectures in :data:`PLAIN_HEAD`: :func:`plain_output_head` lets a trainer set the
   head aside and compute log-probs from the hidden states in chunks;
+- ``<Qwen2-VL base model>.get_rope_index`` and ``.rope_deltas``: the 3-D rotary positions (time, height, width)
+  of a patch-grid image-text model's tokens (Qwen2-VL, Qwen2.5-VL), which the trainer passes explicitly so its
+  forward reads the positions ``generate`` used, and the offset ``generate`` adds to the text positions of a
+  cache it did not fill (:func:`rope_index`, :func:`set_rope_deltas`);
 - ``DynamicCache.layers[i].keys`` / ``.values``: a cache's tensors, which :func:`repeat_cache_rows` expands with
   ``index_select`` (``DynamicCache.batch_select_indices`` indexes them, and the backward of an index with
   repeated rows adds its gradients in an order that varies from run to run on a CPU with several threads).
@@ -110,7 +114,7 @@ def image_token_counts(processor, sizes: list[tuple[int, int]]) -> list[int] | N
     return None if found is None else [int(n) for n in found]
 
 
-PLAIN_HEAD = ("llama", "mistral", "qwen2", "qwen3", "llava", "phi3", "olmo2", "smollm3")
+PLAIN_HEAD = ("llama", "mistral", "qwen2", "qwen3", "llava", "phi3", "olmo2", "smollm3", "qwen2_vl", "qwen2_5_vl")
 """``config.model_type`` of the architectures whose forward's logits are the output head's plain product in
 transformers 5.19 (checked by reading their ``forward``); others are scored with their whole logits."""
 
@@ -128,3 +132,41 @@ def plain_output_head(model):
         return None
     head = model.get_output_embeddings()
     return head if type(head) is torch.nn.Linear else None
+
+
+def _rope_base(model):
+    """The base model that owns a patch-grid model's 3-D rotary positions (through a LoRA wrapper), or None."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = getattr(inner, "model", None)
+    return base if callable(getattr(base, "get_rope_index", None)) else None
+
+
+def has_rope_index(model) -> bool:
+    """Whether ``model`` places its tokens with 3-D rotary positions computed from its pictures' grids."""
+    check_version()
+    return _rope_base(model) is not None
+
+
+def rope_index(model, ids, mask, image_grid_thw):
+    """``(positions [3, b, n], deltas [b, 1])`` of rows ``ids`` (``mask``: their attention mask, left padding
+    and all) of a patch-grid model, its pictures' grids ``image_grid_thw`` ``[pictures, 3]`` in row order; the
+    positions of padding are 0, as ``generate``'s."""
+    check_version()
+    base = _rope_base(model)
+    kinds = (ids == base.config.image_token_id).int()
+    return base.get_rope_index(ids, mm_token_type_ids=kinds, image_grid_thw=image_grid_thw, attention_mask=mask)
+
+
+def set_rope_deltas(model, deltas) -> None:
+    """Tell a patch-grid model's ``generate`` the offset of each row's next text position (``deltas`` ``[b, 1]``)
+    for a KV cache filled outside it: ``generate`` computes it only when it runs the prompt itself."""
+    check_version()
+    _rope_base(model).rope_deltas = deltas
+
+
+def generate_inputs(model, ids) -> dict:
+    """What a patch-grid model's ``generate`` needs beside the pixels to place a prompt's picture tokens
+    (``mm_token_type_ids``; without it, it places them as text, silently); ``{}`` for any other model."""
+    check_version()
+    base = _rope_base(model)
+    return {} if base is None else {"mm_token_type_ids": (ids == base.config.image_token_id).int()}
