@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks, in one go, ON the GPU machine (from the repository root, with .gpu carried):
-#     scripts/gpu_tests.sh [all|tests|graph|bench|multi|multi-tests|multi-graph|multi-bench]
+#     scripts/gpu_tests.sh [all|tests|graph|bench|trainer|vlm|multi|multi-tests|multi-graph|multi-bench]
 # One GPU (all = tests graph bench):
 #   tests: tests/test_gpu.py (skipped elsewhere: they need CUDA);
 #   graph: the acceptance run omnigraph run graphs/gpu/grpo_one_step_off.yaml (reward must rise);
 #   bench: bench/gpu.py (last line JSON; BENCH_ARGS).
+# One GPU, each on its own (a command of its own, at most 10 minutes):
+#   trainer: bench/gpu_trainer.py (TRAINER_ARGS, e.g. --shapes 0.5b,1.5b); vlm: bench/gpu_vlm.py (VLM_ARGS).
 # Two GPUs (multi = multi-graph multi-bench multi-tests):
 #   multi-tests: tests/test_gpu_multi.py; multi-graph: graphs/gpu/grpo_one_step_off_2gpu.yaml (trainer and
 #   rollout on a card each, weights over NCCL; reward must rise); multi-bench: bench/gpu_multi.py (MULTI_BENCH_ARGS).
@@ -63,6 +65,8 @@ bench() {   # bench SCRIPT LOG ARGS...
 want all tests && tests tests/test_gpu.py test_gpu.log
 want all graph && graph graphs/gpu/grpo_one_step_off.yaml graph
 want all bench && bench bench/gpu.py bench_gpu.log ${BENCH_ARGS:-}
+want trainer && bench bench/gpu_trainer.py bench_gpu_trainer.log ${TRAINER_ARGS:-}
+want vlm && bench bench/gpu_vlm.py bench_gpu_vlm.log ${VLM_ARGS:-}
 want multi multi-graph && graph graphs/gpu/grpo_one_step_off_2gpu.yaml graph_2gpu
 want multi multi-bench && bench bench/gpu_multi.py bench_gpu_multi.log ${MULTI_BENCH_ARGS:-}
 want multi multi-tests && tests tests/test_gpu_multi.py test_gpu_multi.log

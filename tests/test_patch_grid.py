@@ -147,3 +147,19 @@ def test_an_agent_shown_pictures_through_the_endpoint_is_scored_at_the_positions
     assert all(len(p["image_grid_thw"]) == 2 for p in f["pixel_values"])      # the picture shown twice
     lp = scores(model, batch, "nodes.update.mini_batch_size=8")
     assert gap(lp, f["logprob"], f["response_mask"]) < 1e-4
+
+
+def test_the_gpu_image_text_bench_runs_its_measurements_on_the_tiny_shape():
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = subprocess.run([sys.executable, "bench/gpu_vlm.py", "--shape", "tiny", "--device", "cpu", "--side", "112",
+                          "--prompts", "2", "--new", "8", "--reps", "1", "--no-save"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["image_tokens_per_picture"] == 16 and r["encoder_images_per_s"] > 0     # 112 px: 8x8 patches, 2x2 merged
+    assert r["gen_tokens_per_s"] > 0 and r["update_tokens_per_s"] > 0 and 0 < r["encoder_share"] < 1
