@@ -31,7 +31,12 @@
 4. **The advisor at scale** (``--only scale``, 8 cores or more): fitted on runs with pools of 1 and 2 cores,
    its predictions for pools of 4 and 8 against fresh runs: ``advisor_scale_error``, the larger relative error.
 
-``--only delta|lend|advisor|scale`` runs one part (repeatable).
+5. **Delta sync across nodes** (``--only cross``, :mod:`cross_sync`): SmolLM2-135M's weights (269 MB in bf16)
+   from a trainer actor on node ``a`` of a two-node local Ray cluster to receivers on node ``b``, dense and as
+   deltas, at lr 1e-6, each sync timed from the export's call to the receiver's return:
+   ``delta_sync_speedup_cross_node`` (dense seconds over delta seconds, medians), ``receivers_bit_identical``.
+
+``--only delta|lend|advisor|scale|cross`` runs one part (repeatable).
 
 Every s/step is the run's steady-state median (``summary.json``). The machine is shared and has 2 cores: the
 runs are one at a time.
@@ -51,7 +56,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 GRAPH = str(ROOT / "graphs" / "grpo_one_step_off.yaml")
 GPU_GRAPH = str(ROOT / "graphs" / "gpu" / "grpo_one_step_off.yaml")
-PARTS = ("delta", "lend", "advisor", "scale")
+PARTS = ("delta", "lend", "advisor", "scale", "cross")
 SYNC_GRAPH = str(ROOT / "graphs" / "grpo_sync.yaml")
 
 
@@ -244,6 +249,17 @@ def advisor_scale(where: Path, it: int) -> dict:
             "advisor_scale_cores": cores}
 
 
+def cross_nodes(steps: int) -> dict:
+    """Part 5: dense against delta syncs of SmolLM2-135M between the two nodes of a local cluster."""
+    import cross_sync
+    from nodes.zoo.smollm2 import materialise
+    from omnigraph.cluster import LocalCluster
+    with LocalCluster() as c:
+        c.add_node("a", cpus=1)
+        c.add_node("b", cpus=1)
+        return cross_sync.measure(c.address, str(materialise()), steps=steps)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations per run (16, else 40; twice as many "
@@ -272,6 +288,8 @@ def main() -> int:
             out.update(advisor(where, 2 * it))
         if "scale" in parts:
             out.update(advisor_scale(where, 2 * it))
+        if "cross" in parts:
+            out.update(cross_nodes(4 if args.quick else 8))
     out["model"] = ("tiny (embedded), local Ray; delta and advisor: CPU, rollout and trainer 1 CPU each unless "
                     "colocated; lending: " + lending_graph(cuda)[1])
     record.emit("levers", out, args)

@@ -63,6 +63,53 @@ def test_a_tensor_mostly_changed_goes_whole_and_a_cast_is_compared_in_the_wire_d
     assert delta_bytes(enc.encode(w, torch.bfloat16, 3).tensors) == 0
 
 
+def special(n: int, seed: int) -> torch.Tensor:
+    """float32 values that test a bf16 cast: ties, NaNs of both signs, infinities, signed zeros, subnormals,
+    values that round up to infinity."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.logspace(-40, 38, n).flip(0)[torch.randperm(n, generator=g)]
+    ties = (torch.randint(-2**15, 2**15, (n // 8,), generator=g, dtype=torch.int32) << 16) | 0x8000
+    x[: n // 8] = ties.view(torch.float32)
+    x[n // 8: n // 8 + 8] = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0,
+                                          3.4e38, -1e-45])
+    return x
+
+
+@pytest.mark.parametrize("master, wire", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16),
+                                          (torch.float32, torch.float32)])
+def test_the_one_pass_cpu_diff_gives_the_torch_paths_delta_bit_for_bit(monkeypatch, master, wire):
+    from omnigraph.transports import delta_cpu
+    assert delta_cpu.fits(torch.zeros(1, dtype=master), torch.zeros(1, dtype=wire))        # numba is here
+    w = {"x": special(4096, 0).to(master), "y": torch.randn(300, 7).to(master), "z": torch.zeros(5, dtype=master)}
+    fast, slow = Encoder(), Encoder()
+    sent = []
+    for v, frac in enumerate([0.0, 0.03, 0.2, 0.0, 0.9], start=1):
+        if frac:
+            g = torch.Generator().manual_seed(v)
+            for t in w.values():
+                m = torch.rand(t.shape, generator=g) < frac
+                t[m] = (special(int(m.sum()), v).to(master) if t.numel() > 1000 else t[m] + 1)
+        a = fast.encode(w, wire, v)
+        with monkeypatch.context() as mp:
+            mp.setattr(delta_cpu, "fits", lambda *_: False)
+            b = slow.encode(w, wire, v)
+        assert a.tensors.keys() == b.tensors.keys(), v
+        for k in a.tensors:
+            assert a.tensors[k].dtype == b.tensors[k].dtype and torch.equal(
+                a.tensors[k].reshape(-1).view(torch.uint8), b.tensors[k].reshape(-1).view(torch.uint8)), (v, k)
+        sent.append({k: t.clone() for k, t in a.tensors.items()})       # as a transport copies it
+    assert "x::all" in sent[-1] and "y::idx" in sent[1]          # both a whole tensor and positions
+    # the receiver's one pass writes what the torch path writes, and checks the same checksums
+    mine, theirs = ({k: t.clone() for k, t in sent[0].items()} for _ in range(2))
+    for v, d in enumerate(sent[1:], start=1):
+        apply(d, mine, v)
+        with monkeypatch.context() as mp:
+            mp.setattr(delta_cpu, "fits", lambda *_: False)
+            apply(d, theirs, v)
+    assert all(torch.equal(mine[k].view(torch.uint8), theirs[k].view(torch.uint8)) for k in mine)
+    assert all(torch.equal(mine[k].view(torch.uint8), w[k].to(wire).view(torch.uint8)) for k in mine)
+
+
 @pytest.mark.parametrize("damage, words", [
     ("version", "version 1 reached a generator holding version 0"),
     ("value", "checksum"),
@@ -201,3 +248,20 @@ def test_deltas_travel_over_a_process_group_and_rebuild_the_sender_bit_for_bit()
     payloads, nbytes = zip(*sender["sizes"])
     assert payloads == ("full", "delta", "delta", "delta") and max(nbytes[1:]) < 0.3 * nbytes[0]
     assert receiver["digest"] == sender["digest"]
+
+
+@pytest.mark.slow
+def test_deltas_between_two_nodes_rebuild_the_trainers_wire_weights_bit_for_bit():
+    import sys
+
+    from nodes import zoo
+    from omnigraph.cluster import LocalCluster
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import cross_sync
+    with LocalCluster() as c:
+        c.add_node("a", cpus=1)
+        c.add_node("b", cpus=1)
+        r = cross_sync.measure(c.address, str(zoo.tiny(0)), steps=2, lr=1e-4)
+    assert r["receivers_bit_identical"] and 0 < r["cross_delta_bytes_fraction"] < 1
+    assert r["cross_full_sync_s"] > 0 and r["cross_delta_sync_s"] > 0

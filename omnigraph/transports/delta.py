@@ -40,6 +40,7 @@ from typing import Any, Mapping
 import torch
 
 from ..sdk import WeightsState
+from . import delta_cpu
 
 HEAD = "::delta"
 """int64 [base version, tensors changed, tensors in all]."""
@@ -69,37 +70,70 @@ class Encoder:
         self.base: dict[str, Any] | None = None
         self.version = -1
         self.dense_bytes = 0
+        self._idx, self._val = None, {}          # the CPU pass's scratch: positions and values, reused
 
     @torch.no_grad()
     def encode(self, tensors: Mapping[str, Any], dtype, version: int) -> WeightsState:
-        cur = {k: v.detach().to(dtype) if dtype is not None and v.is_floating_point() else v.detach()
-               for k, v in tensors.items()}
-        if self.base is None or cur.keys() != self.base.keys() or any(
-                cur[k].shape != self.base[k].shape or cur[k].dtype != self.base[k].dtype for k in cur):
-            self.base = {k: t.clone().contiguous() for k, t in cur.items()}
+        def wire(v):
+            return v.detach().to(dtype) if dtype is not None and v.is_floating_point() else v.detach()
+
+        kind = {k: (v.shape, dtype if dtype is not None and v.is_floating_point() else v.dtype)
+                for k, v in tensors.items()}
+        if self.base is None or kind.keys() != self.base.keys() or any(
+                kind[k] != (self.base[k].shape, self.base[k].dtype) for k in kind):
+            self.base = {k: wire(t).clone().contiguous() for k, t in tensors.items()}
             self.version = version
             self.dense_bytes = sum(t.numel() * t.element_size() for t in self.base.values())
             return WeightsState(self.base, "full", None)
         out: dict[str, Any] = {}
-        for k, t in cur.items():
-            new, old = bits(t.contiguous()), bits(self.base[k])
-            idx = torch.ne(new, old).nonzero().squeeze(1)
-            if not idx.numel():
-                continue
-            idx = idx.to(torch.int32 if t.numel() < 2**31 else torch.int64)
-            if idx.numel() * (idx.element_size() + t.element_size()) >= t.numel() * t.element_size():
-                out[f"{k}::all"] = t.reshape(-1)          # most of it changed: whole is smaller than positions
-                self.base[k].copy_(t)
-                continue
-            vals = t.reshape(-1)[idx]
-            out[f"{k}::sum"] = torch.tensor([checksum(old, idx), checksum(new, idx)], dtype=torch.int64,
-                                            device=t.device)
-            self.base[k].view(-1)[idx] = vals
-            out[f"{k}::idx"], out[f"{k}::val"] = idx, vals
+        for k, v in tensors.items():
+            if delta_cpu.fits(v.detach(), self.base[k]):
+                self._diff_cpu(k, v.detach(), out)
+            else:
+                self._diff_torch(k, wire(v).contiguous(), out)
         changed = sum(1 for key in out if key.endswith(("::idx", "::all")))
-        out[HEAD] = torch.tensor([self.version, changed, len(cur)], dtype=torch.int64)
+        out[HEAD] = torch.tensor([self.version, changed, len(tensors)], dtype=torch.int64)
         self.version = version
         return WeightsState(out, "delta", None)
+
+    @staticmethod
+    def _whole(n: int, size: int) -> int:
+        """Changed values from which a tensor goes whole: positions (int32) and values would cost more."""
+        return -(-n * size // (4 + size))
+
+    def _diff_torch(self, k: str, t, out: dict) -> None:
+        new, old = bits(t), bits(self.base[k])
+        idx = torch.ne(new, old).nonzero().squeeze(1)
+        if not idx.numel():
+            return
+        idx = idx.to(torch.int32 if t.numel() < 2**31 else torch.int64)
+        if idx.numel() * (idx.element_size() + t.element_size()) >= t.numel() * t.element_size():
+            out[f"{k}::all"] = t.reshape(-1)          # most of it changed: whole is smaller than positions
+            self.base[k].copy_(t)
+            return
+        vals = t.reshape(-1)[idx]
+        out[f"{k}::sum"] = torch.tensor([checksum(old, idx), checksum(new, idx)], dtype=torch.int64,
+                                        device=t.device)
+        self.base[k].view(-1)[idx] = vals
+        out[f"{k}::idx"], out[f"{k}::val"] = idx, vals
+
+    def _diff_cpu(self, k: str, master, out: dict) -> None:
+        """:meth:`_diff_torch`'s result in one pass over ``master`` (:mod:`.delta_cpu`)."""
+        base = self.base[k]
+        cap = self._whole(base.numel(), base.element_size()) - 1
+        if self._idx is None or self._idx.numel() < cap:
+            self._idx = torch.empty(max(cap, 1), dtype=torch.int32)
+        val = self._val.get(base.dtype)
+        if val is None or val.numel() < cap:
+            val = self._val[base.dtype] = torch.empty(max(cap, 1), dtype=base.dtype)
+        n, pre, post = delta_cpu.diff(master, base, self._idx[:cap], val[:cap])
+        if n < 0:                                     # most of it changed: whole is smaller than positions
+            whole = master.to(base.dtype).reshape(-1)
+            base.view(-1).copy_(whole)
+            out[f"{k}::all"] = whole
+        elif n:
+            out[f"{k}::idx"], out[f"{k}::val"] = self._idx[:n].clone(), val[:n].clone()
+            out[f"{k}::sum"] = torch.tensor([pre, post], dtype=torch.int64)
 
 
 def delta_bytes(tensors: Mapping[str, Any]) -> int:
@@ -131,19 +165,25 @@ def apply(tensors: Mapping[str, Any], targets: Mapping[str, Any], held: int, cor
             raise DeltaMismatch(f"the delta of {n} is {vals.dtype}, the generator holds {t.dtype}"
                                 + ("" if t.is_contiguous() else " (not contiguous)") +
                                 ": a delta applies only where the rollout keeps the dtype the weights travel in")
-        idx = tensors[f"{n}::idx"].to(t.device, torch.int64)
+        idx = tensors[f"{n}::idx"]
+        fast = delta_cpu.fits(t, t)
+        idx = idx if fast else idx.to(t.device, torch.int64)
         pre, post = tensors[f"{n}::sum"].tolist()
-        if checksum(bits(t), idx) != pre:
+        if (delta_cpu.apply_at(t, idx, None) if fast else checksum(bits(t), idx)) != pre:
             raise DeltaMismatch(f"{n}: the generator's values at the {idx.numel()} changed positions are not those "
                                 f"of version {base} the delta was computed from (checksum)")
-        work.append((t, idx, vals, post))
+        work.append((t, idx, vals, post, fast))
     for n in whole:
         src, t = tensors[f"{n}::all"], targets[n]
         if src.dtype != t.dtype or src.numel() != t.numel():
             raise DeltaMismatch(f"{n}: {src.numel()} values of {src.dtype} sent for a tensor of {t.numel()} {t.dtype}")
-    for t, idx, vals, post in work:
-        t.view(-1).index_copy_(0, idx, vals)
-        if checksum(bits(t), idx) != post:
+    for t, idx, vals, post, fast in work:
+        if fast:
+            written = delta_cpu.apply_at(t, idx, vals.contiguous())
+        else:
+            t.view(-1).index_copy_(0, idx, vals)
+            written = checksum(bits(t), idx)
+        if written != post:
             raise DeltaMismatch("the values written differ from the values sent (checksum after writing)")
     for n in whole:
         targets[n].view(-1).copy_(tensors[f"{n}::all"].reshape(-1), non_blocking=True)
