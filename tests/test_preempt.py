@@ -48,6 +48,9 @@ LOOKER = [f"nodes.generate.agent={{entry: '{Path(__file__).parent / 'agent_progr
           "max_tokens: 64, batch_wait_s: 10}"]       # an agent shown the task's picture twice
 
 
+GRID = ["model.path={grid}"]     # a Qwen2.5-VL (random weights, built in the test): pictures placed by 3-D positions
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("graph, executor, extra", [
     ("grpo_one_step_off", "local", []), ("grpo_one_step_off", "ray", []),
@@ -60,8 +63,13 @@ LOOKER = [f"nodes.generate.agent={{entry: '{Path(__file__).parent / 'agent_progr
         "nodes.generate.partial={budget_tokens: 4, max_spans: 3}", "schedule.max_staleness=3"]),
     ("vlm_one_step_off", "ray", LOOKER),             # agents with pictures, a batch of their episodes in the checkpoint
     ("vlm_one_step_off", "local", LOOKER + [         # agents with pictures in flight in the checkpoint
+        "nodes.generate.partial={budget_tokens: 2, max_spans: 4}", "schedule.max_staleness=4"]),
+    ("vlm_one_step_off", "local", GRID + [           # a patch-grid model's prompts unfinished in the checkpoint
         "nodes.generate.partial={budget_tokens: 2, max_spans: 4}", "schedule.max_staleness=4"])])
 def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(tmp_path, graph, executor, extra):
+    if GRID[0] in extra:
+        from nodes.zoo import grid_vl
+        extra = [x.replace("{grid}", str(grid_vl.build(tmp_path / "grid-vl"))) for x in extra]
     job = ["run", str(GRAPHS / f"{graph}.yaml"), "schedule.iterations=9", "nodes.generate.eval_every=0",
            "runtime.grace_s=60", *extra, "--executor", executor, "--quiet"]
     code, _, err, _, _, _ = omnigraph(job + ["--run-dir", str(tmp_path / "whole")])

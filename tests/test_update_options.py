@@ -4,6 +4,8 @@ update reports its tokens per second (and, on a GPU, its MFU)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -135,8 +137,6 @@ def test_a_head_that_is_not_a_plain_product_is_refused_by_name():
 
 
 def test_a_full_update_that_cannot_fit_its_card_is_refused_before_anything_starts(tmp_path, monkeypatch):
-    import json
-
     from nodes.trainer import memory
 
     # Qwen2.5-7B's shape: 7.6e9 parameters, 16 bytes each in the update's state, against an 80 GiB card
@@ -176,3 +176,30 @@ def test_the_parameter_count_from_the_config_is_the_models_own(shape):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(shape["model_type"], **kw))
     assert parameters(shape) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("shape", ["tiny", "3b"])
+def test_a_qwen25_vl_count_from_its_config_is_the_models_own_nested_or_flat(shape, tmp_path):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from nodes.trainer.memory import parameters
+    from nodes.zoo import grid_vl
+
+    text, vision = {"tiny": (grid_vl.TINY_TEXT, grid_vl.TINY_VISION),
+                    "3b": (grid_vl.QWEN25_VL_3B_TEXT, grid_vl.QWEN25_VL_3B_VISION)}[shape]
+    text = {"vocab_size": 1000, **text}
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision,
+                              tie_word_embeddings=text.get("tie_word_embeddings", True))
+    with torch.device("meta"):
+        own = sum(p.numel() for p in Qwen2_5_VLForConditionalGeneration(config).parameters())
+    nested = json.loads(config.to_json_string())
+    flat = {**{k: v for k, v in nested.items() if k != "text_config"}, **text}      # as Qwen's own files have it
+    assert parameters(nested) == parameters(flat) == own
+    if shape == "3b":
+        assert round(own / 1e9, 2) == 3.75          # Qwen2.5-VL-3B-Instruct, as published
+    # a frozen tower keeps its float32 weights only: 4 bytes a parameter, not 16
+    from nodes.trainer.memory import qwen25_vision, update_state_gib
+    (tmp_path / "config.json").write_text(json.dumps(flat))
+    tower = qwen25_vision(vision)
+    assert update_state_gib(str(tmp_path)) * 2**30 == own * 16
+    assert update_state_gib(str(tmp_path), ["vision"]) * 2**30 == (own - tower) * 16 + tower * 4

@@ -42,7 +42,7 @@ def _fits(node, options, spec, pool) -> list:
     its card (:mod:`nodes.trainer.memory`: a lower bound, checked where the card can be asked)."""
     if pool.gpus <= 0 or getattr(options, "lora", None) is not None:
         return []
-    need = memory.update_state_gib(spec.model.path)
+    need = memory.update_state_gib(spec.model.path, spec.model.freeze or ())
     card = memory.card_gib() if need is not None else None
     if need is None or card is None:
         return []

@@ -29,7 +29,12 @@ DENSE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2")
 
 
 def parameters(config: dict) -> int | None:
-    """The parameter count of a decoder-only model of ``config`` (None: an architecture not in :data:`DENSE`)."""
+    """The parameter count of a decoder-only model of ``config`` (None: an architecture not in :data:`DENSE`),
+    or of a Qwen2.5-VL (its language model counted as Qwen2's, and its vision tower)."""
+    if config.get("model_type") == "qwen2_5_vl":
+        text = {**config, **config.get("text_config", {}), "model_type": "qwen2"}
+        text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
+        return parameters(text) + qwen25_vision(config["vision_config"])
     if config.get("model_type") not in DENSE:
         return None
     h, n, v = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
@@ -46,6 +51,17 @@ def parameters(config: dict) -> int | None:
     return v * h + n * layer + h + head
 
 
+def qwen25_vision(v: dict) -> int:
+    """Qwen2.5-VL's vision tower: the patches' 3-D convolution, blocks of RMS norms, biased attention and a gated
+    MLP, and the merger of ``spatial_merge_size``-squared patches into the language model's width."""
+    h, inter = v["hidden_size"], v["intermediate_size"]
+    patch = v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 14) ** 2 * h
+    block = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * (h * inter + inter) + (inter * h + h)
+    wide = h * v.get("spatial_merge_size", 2) ** 2
+    merger = h + (wide * wide + wide) + (wide * v["out_hidden_size"] + v["out_hidden_size"])
+    return patch + v["depth"] * block + merger
+
+
 def card_gib() -> float | None:
     """The first GPU's memory in GiB, by ``nvidia-smi`` (None: no GPU or no ``nvidia-smi`` here)."""
     exe = shutil.which("nvidia-smi")
@@ -59,14 +75,18 @@ def card_gib() -> float | None:
         return None
 
 
-def update_state_gib(model_path: str) -> float | None:
+def update_state_gib(model_path: str, freeze=()) -> float | None:
     """The full-parameter update's weights, gradients and optimizer state in GiB, for a model folder whose
-    architecture :func:`parameters` counts (None otherwise: an alias, another architecture)."""
+    architecture :func:`parameters` counts (None otherwise: an alias, another architecture). A frozen vision tower
+    (``freeze``: ``model.freeze``) keeps only its float32 weights, 4 bytes a parameter."""
     config = Path(model_path) / "config.json"
     if not config.is_file():
         return None
     try:
-        n = parameters(json.loads(config.read_text()))
+        config = json.loads(config.read_text())
+        n = parameters(config)
+        frozen = qwen25_vision(config["vision_config"]) if n is not None and "vision" in freeze and \
+            config.get("model_type") == "qwen2_5_vl" else 0
     except (ValueError, KeyError, TypeError):
         return None
-    return None if n is None else n * BYTES_PER_PARAMETER / 2 ** 30
+    return None if n is None else ((n - frozen) * BYTES_PER_PARAMETER + frozen * 4) / 2 ** 30
