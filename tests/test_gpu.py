@@ -175,13 +175,19 @@ VLM_GPU = ["model.dtype=bfloat16", "pools.rollout.gpus=0.5", "pools.trainer.gpus
 """The image-text graph (tiny-vl) on one card, in bf16: the rollout and the trainer half the card each."""
 
 
-def test_an_image_text_policy_on_cuda_samples_what_the_trainer_scores_and_updates():
-    spec = og.load(GRAPHS / "vlm_one_step_off.yaml", [*VLM_GPU, "nodes.update.mini_batch_size=64"])
+@pytest.mark.parametrize("model", ["tiny-vl", "qwen2.5-vl"])
+def test_an_image_text_policy_on_cuda_samples_what_the_trainer_scores_and_updates(model, tmp_path):
+    from nodes.models.vision import model_inputs
+    from nodes.zoo import grid_vl
+    path = grid_vl.build(tmp_path / "grid-vl") if model == "qwen2.5-vl" else model     # random weights: 3-D positions
+    spec = og.load(GRAPHS / "vlm_one_step_off.yaml", [*VLM_GPU, "nodes.update.mini_batch_size=64",
+                                                      f"model.path={path}"])
     shared = {}
     gen = build_node(spec, "generate")[0]          # decode: auto compiles the static step; pictures decode eagerly
     assert {p.device.type for p in gen.model.parameters()} == {"cuda"}
     batch = gen.generate(0, prompts(spec, 0), Weights(0))
-    assert all(p.device.type == "cpu" for p in batch.fields["pixel_values"]) and gen.ctx.metrics["encoder_s"] > 0
+    assert all(t.device.type == "cpu" for p in batch.fields["pixel_values"] for t in model_inputs(p).values())
+    assert gen.ctx.metrics["encoder_s"] > 0
     batch = build_node(spec, "reward")[0].score(0, batch)
     batch = build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, batch)
     m = batch.fields["response_mask"]
