@@ -163,3 +163,31 @@ def test_the_gpu_image_text_bench_runs_its_measurements_on_the_tiny_shape():
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["image_tokens_per_picture"] == 16 and r["encoder_images_per_s"] > 0     # 112 px: 8x8 patches, 2x2 merged
     assert r["gen_tokens_per_s"] > 0 and r["update_tokens_per_s"] > 0 and 0 < r["encoder_share"] < 1
+
+
+def trained(model, batch, keep: bool, monkeypatch):
+    """old_logprob then one update of ``batch`` with the tower frozen, its output kept or not."""
+    from nodes.trainer import policy
+    spec = og.load(VLM, [f"model.path={model}", *SCORE, "model.freeze=[vision]"])
+    with monkeypatch.context() as mp:
+        if not keep:
+            mp.setattr(policy, "FeatureCache", lambda model: None)
+        shared = {}
+        scored = build_node(spec, "reward")[0].score(0, batch)
+        scored = build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, scored)
+        upd, ctx = build_node(spec, "update", shared=shared)
+        upd.train(1, scored)
+    weights = {k: v.detach().clone() for k, v in upd.policy.model.named_parameters()}
+    return scored.fields["old_logprob"], weights, ctx.metrics, upd.policy.features
+
+
+def test_a_frozen_towers_output_is_computed_once_per_sample_and_trains_the_same_weights(model, batch, monkeypatch):
+    lp, w, m, kept = trained(model, batch, True, monkeypatch)
+    lp2, w2, m2, none = trained(model, batch, False, monkeypatch)
+    assert none is None and kept is not None
+    mask = batch.fields["response_mask"]
+    assert gap(lp, lp2, mask) < 1e-5 and gap(lp, batch.fields["logprob"], mask) < 1e-4
+    assert max(float((w[k] - w2[k]).abs().max()) for k in w) < 1e-5
+    # old_logprob ran the tower once per distinct sample's pictures; the update took them all from what was kept
+    assert kept.computed == len(set(batch.fields["image_key"].tolist())) <= kept.reused
+    assert m["update_encoder_s"] == 0 < m2["update_encoder_s"]

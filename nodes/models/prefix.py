@@ -74,26 +74,40 @@ def pictures(pixels: list | None, rows, device) -> dict:
     return vision.model_inputs(vision.concat(found), device) if found else {}
 
 
+def rows_inputs(ids: torch.Tensor, pixels: list | None, rows, keys: torch.Tensor | None = None,
+                features=None) -> dict:
+    """A forward's ``input_ids`` and pictures for ``rows`` (indices into ``pixels``) whose ids are ``ids``: their
+    pixel inputs, or where ``features`` (a :class:`~nodes.models.picture_cache.FeatureCache`) keeps a frozen
+    tower's output for a patch-grid model's pictures, those."""
+    rows = [int(i) for i in rows]
+    if features is not None and pixels is not None and keys is not None and \
+            any(isinstance(pixels[i], dict) for i in rows):
+        return features.inputs(ids, [pixels[i] for i in rows], [int(keys[i]) for i in rows])
+    return {"input_ids": ids, **pictures(pixels, rows, ids.device)}
+
+
 def completion_logits(model, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, prompt_len: int,
-                      share: bool = True, keys: torch.Tensor | None = None, pixels: list | None = None) -> torch.Tensor:
+                      share: bool = True, keys: torch.Tensor | None = None, pixels: list | None = None,
+                      features=None) -> torch.Tensor:
     """Logits ``[b, c, V]`` predicting ``ids[:, P:]`` (``c = ids.shape[1] - P`` completion tokens), from the
     positions ``P - 1 .. P + c - 2``: one forward of each distinct prompt when the rows share prompts (and
     ``share``), else one forward of the whole rows. The output head runs only where a completion token is
     predicted: the head of a large vocabulary is a good part of a small model's compute. ``keys`` and ``pixels``:
-    the rows' pictures (the module docstring). ``position_ids``: ``[b, n]``, or ``[3, b, n]`` (:func:`positions`)."""
+    the rows' pictures (the module docstring); ``features``: a frozen tower's output kept (:func:`rows_inputs`).
+    ``position_ids``: ``[b, n]``, or ``[3, b, n]`` (:func:`positions`)."""
     P = prompt_len
     c = ids.shape[1] - P
     found = groups(ids[:, :P], mask[:, :P], keys) if share and P > 0 else None
     if found is None:
-        out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[..., :-1],
-                    logits_to_keep=c, **pictures(pixels, range(len(ids)), ids.device))
+        out = model(attention_mask=mask[:, :-1], position_ids=position_ids[..., :-1], logits_to_keep=c,
+                    **rows_inputs(ids[:, :-1], pixels, range(len(ids)), keys, features))
         return out.logits
     from transformers import DynamicCache
 
     first, inverse = found
     cache = DynamicCache(config=getattr(model, "config", None))
-    head = model(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=position_ids[..., first, :P],
-                 past_key_values=cache, use_cache=True, logits_to_keep=1, **pictures(pixels, first, ids.device))
+    head = model(attention_mask=mask[first, :P], position_ids=position_ids[..., first, :P], past_key_values=cache,
+                 use_cache=True, logits_to_keep=1, **rows_inputs(ids[first, :P], pixels, first, keys, features))
     # index_select, not indexing: its backward sums each prompt's rows in a fixed order (bit-identical reruns)
     first_logits = head.logits.index_select(0, inverse)     # [b, 1, V]: each row's first completion token
     if c == 1:

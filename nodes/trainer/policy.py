@@ -30,6 +30,7 @@ import torch
 
 from omnigraph.sdk import ConfigError, NodeContext, SampleBatch
 from omnigraph.sdk.adapters import torch as torch_adapter
+from omnigraph.sdk.adapters.transformers import has_rope_index
 
 from nodes import models
 from nodes.models import vision
@@ -37,6 +38,7 @@ from nodes.trainer import sharded
 from nodes.trainer.buckets import length_buckets
 from nodes.models.tokens import entropy, token_logprobs
 from nodes.models.chunked import head_logprobs, hidden_states_out
+from nodes.models.picture_cache import FeatureCache
 from nodes.models.prefix import completion_logits, positions
 
 
@@ -91,6 +93,9 @@ class Policy:
         if "vision" in ctx.model.freeze:
             self._freeze_tower(ctx.model.name)
         self.sharded = ctx.sharding == "fsdp"
+        # a frozen tower's output, computed once per sample's pictures and kept (nodes.models.picture_cache)
+        self.features = FeatureCache(self.model) if "vision" in ctx.model.freeze and not self.sharded and \
+            has_rope_index(self.model) else None
         # an image-text model: its vision tower's forward time, for the update's share (nodes.models.vision)
         self.encoder = vision.EncoderClock(self.model) if vision.is_vision(path) else None
         self.chunk: int | None = None    # positions per chunk of the output head (the update's options)
@@ -200,16 +205,22 @@ class Policy:
         with self.amp():
             # one forward of each distinct prompt of a group (nodes.models.prefix); the output head only where a
             # completion token is predicted (positions P-1 .. P+c-2), not over the prompt
-            logits = completion_logits(model, ids, mask, positions(model, ids, mask, pixels), P, share=share, keys=keys, pixels=pixels)
+            logits = completion_logits(model, ids, mask, positions(model, ids, mask, pixels), P, share=share,
+                                       keys=keys, pixels=pixels, features=self._features(model))
         lp = torch.nn.functional.pad(token_logprobs(logits, ids[:, P:], temperature, self.suppress), pad)
         if not with_entropy:
             return lp
         return lp, torch.nn.functional.pad(entropy(logits.detach(), temperature, self.suppress), pad)
 
+    def _features(self, model):
+        """The kept tower output (:mod:`nodes.models.picture_cache`) for the policy's own model (not the reference)."""
+        return self.features if model is self.model else None
+
     def _score_chunked(self, model, ids, mask, P, c, pad, temperature, with_entropy, share, keys, pixels):
         """:meth:`_score` with the output head applied in chunks (:mod:`nodes.models.chunked`)."""
         with self.amp(), hidden_states_out(model) as head:
-            hidden = completion_logits(model, ids, mask, positions(model, ids, mask, pixels), P, share=share, keys=keys, pixels=pixels)
+            hidden = completion_logits(model, ids, mask, positions(model, ids, mask, pixels), P, share=share,
+                                       keys=keys, pixels=pixels, features=self._features(model))
             b, H = hidden.shape[0], hidden.shape[-1]
             lp, ent = head_logprobs(hidden.reshape(-1, H), head.weight, head.bias, ids[:, P:].reshape(-1),
                                     temperature, self.suppress, self.chunk)

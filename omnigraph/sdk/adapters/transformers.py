@@ -18,7 +18,10 @@
 - ``<Qwen2-VL base model>.get_rope_index`` and ``.rope_deltas``: the 3-D rotary positions (time, height, width)
   of a patch-grid image-text model's tokens (Qwen2-VL, Qwen2.5-VL), which the trainer passes explicitly so its
   forward reads the positions ``generate`` used, and the offset ``generate`` adds to the text positions of a
-  cache it did not fill (:func:`rope_index`, :func:`set_rope_deltas`);
+  cache it did not fill (:func:`rope_index`, :func:`set_rope_deltas`); its ``get_image_features`` (each picture's
+  features as its forward computes them) and the scatter of features into the image tokens' embeddings that its
+  forward's ``mm_encoder_outputs``, which takes them instead of pixels (:func:`picture_features`,
+  :func:`with_picture_features`: a frozen tower's output, kept);
 - ``DynamicCache.layers[i].keys`` / ``.values``: a cache's tensors, which :func:`repeat_cache_rows` expands with
   ``index_select`` (``DynamicCache.batch_select_indices`` indexes them, and the backward of an index with
   repeated rows adds its gradients in an order that varies from run to run on a CPU with several threads).
@@ -170,3 +173,19 @@ def generate_inputs(model, ids) -> dict:
     check_version()
     base = _rope_base(model)
     return {} if base is None else {"mm_token_type_ids": (ids == base.config.image_token_id).int()}
+
+
+def picture_features(model, pixel_values, image_grid_thw) -> list:
+    """Each picture's features, as a patch-grid model's forward computes them from its vision tower (the merger
+    included) before placing them in the image tokens' embeddings."""
+    check_version()
+    out = _rope_base(model).get_image_features(pixel_values, image_grid_thw, return_dict=True)
+    return list(out.pooler_output)
+
+
+def with_picture_features(features: list) -> dict:
+    """A patch-grid model's forward keyword arguments that give it each picture's ``features`` (in order) in place
+    of its pixels: its ``mm_encoder_outputs``, which it then places in the image tokens as its own."""
+    check_version()
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(features))}}

@@ -1,0 +1,57 @@
+"""A frozen vision tower's output, computed once per sample's pictures and kept (``model.freeze: [vision]``).
+
+With the tower frozen, a picture's features (the tower's output, its merger included) are the same at every
+step of the run. The trainer's forwards would still run the tower on every picture of every micro-batch:
+``old_logprob``'s, then the update's. Here each distinct sample's pictures (keyed by the batch's ``image_key``)
+run through the tower once; the features are kept and given to the model's forward instead of the pixels
+(:func:`omnigraph.sdk.adapters.transformers.with_picture_features`). The oldest are dropped past
+``limit_bytes``. Patch-grid models (Qwen2-VL, Qwen2.5-VL), whose whole picture path is the frozen tower; LLaVA's
+projector trains, so its pictures run as they are.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from omnigraph.sdk.adapters.transformers import picture_features, with_picture_features
+
+from nodes.models import vision
+
+
+class FeatureCache:
+    def __init__(self, model, limit_bytes: int = 1 << 30):
+        self.model, self.limit = model, limit_bytes
+        self.kept: OrderedDict[int, list[torch.Tensor]] = OrderedDict()
+        self.bytes = 0
+        self.computed = self.reused = 0
+        """Samples whose pictures ran through the tower here, and samples served from what was kept."""
+
+    def inputs(self, ids: torch.Tensor, items: list, keys: list[int]) -> dict:
+        """The forward's keyword arguments for rows ``ids`` whose pixel inputs are ``items`` (``None``: a row
+        without pictures) and ``keys`` their ``image_key``: the ids, and the pictures' features in row order."""
+        rows = [(int(k), it) for k, it in zip(keys, items) if it is not None]
+        have = {k: self.kept[k] for k, _ in rows if k in self.kept}
+        todo = {k: it for k, it in rows if k not in have}
+        self.computed += len(todo)
+        self.reused += len(rows) - len(todo)
+        if todo:
+            seen = vision.model_inputs(vision.concat(list(todo.values())), ids.device)
+            with torch.no_grad():
+                feats = picture_features(self.model, seen["pixel_values"], seen[vision.GRID])
+            at = 0
+            for k, it in todo.items():
+                n = len(it[vision.GRID])
+                have[k] = [f.detach() for f in feats[at:at + n]]
+                self._keep(k, have[k])
+                at += n
+        shown = [f for k, _ in rows for f in have[k]]
+        return {"input_ids": ids, **(with_picture_features(shown) if shown else {})}
+
+    def _keep(self, key: int, feats: list[torch.Tensor]) -> None:
+        self.kept[key] = feats
+        self.bytes += sum(f.numel() * f.element_size() for f in feats)
+        while self.bytes > self.limit and len(self.kept) > 1:
+            _, old = self.kept.popitem(last=False)
+            self.bytes -= sum(f.numel() * f.element_size() for f in old)
