@@ -12,7 +12,10 @@ in bf16, the trainer's fp32 master weights under bf16 autocast) and the ``shapes
 - ``update_tokens_per_s``: the trainer's step (old log-probs fused, one optimizer step) over the same batch's
   tokens, pictures and all, and its ``update_encoder_share``.
 
-    python bench/gpu_vlm.py [--shape 3b|tiny] [--side 448] [--prompts 8] [--new 64] [--reps 3] [--no-save]
+    python bench/gpu_vlm.py [--shape 3b|tiny] [--side 448] [--prompts 8] [--new 64] [--reps 3] [--freeze] [--no-save]
+
+``--freeze``: ``model.freeze: [vision]``, the usual recipe (the update then reuses the tower's output kept by
+``old_logprob``: :mod:`nodes.models.picture_cache`); run it as a command of its own beside one without.
 
 ``--shape tiny`` (the tests' model) checks the script itself, also on a CPU (``--device cpu``); its numbers
 measure nothing. Prints the record's JSON last (``bench/record.py``; on the GPU machine set
@@ -74,6 +77,8 @@ def spec_for(path: Path, args):
                  "nodes.update.micro_batch_size=8", "nodes.old_logprob.micro_batch_size=8"]
     if args.device == "cpu":
         overrides += ["model.dtype=float32", "pools.rollout.gpus=0", "pools.trainer.gpus=0"]
+    if args.freeze:
+        overrides += ["model.freeze=[vision]"]
     return og.load(GPU_GRAPH, overrides)
 
 
@@ -134,6 +139,7 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=64, help="new tokens a sample")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--freeze", action="store_true", help="model.freeze: [vision] (the tower's output kept)")
     record.add_arguments(ap)
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -142,7 +148,7 @@ def main() -> int:
     text, tower = SHAPES[args.shape]
     dtype = torch.bfloat16 if args.device == "cuda" else None
     result = {"card": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "shape": args.shape,
-              "side": args.side}
+              "side": args.side, "freeze_vision": args.freeze}
     with tempfile.TemporaryDirectory(prefix="gpu-vlm-") as tmp:
         path = grid_vl.build(Path(tmp) / f"qwen2.5-vl-{args.shape}", text, tower, device=args.device, dtype=dtype,
                              max_pixels=max(args.side, 56) ** 2)
