@@ -18,6 +18,11 @@ not spent blocked on an environment (1.0: every step was hidden).
 Chat prompts: an observation is a message of the environment's ``role`` rendered by the model's chat
 template (the tokens between the model's message and the model's next turn, closing the model's turn
 when the budget cut it); plain prompts get the observation's text as it is.
+
+Pictures (``EnvStep.images``, an image-text policy): each picture's placeholder is expanded into as many image
+tokens as the model's processor gives it, and its pixel inputs are appended to the episode's, which every later
+turn and the trainer read. An observation whose pictures would not fit the episode's ``max_tokens`` whole ends
+the episode (truncated) unshown.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ import torch
 
 from omnigraph.sdk import ConfigError, EnvStep, Prompt, load, options_model
 
+from nodes.models import vision
 from nodes.models.vision import image_key
+from nodes.rollout.agent_pictures import Expander
 from nodes.tasks.prompting import messages
 
 
@@ -125,22 +132,47 @@ class Episodes:
         model = options_model(self.cls)             # the environment's options, typed where it declares them
         self.env_kwargs = dict(model.model_validate(self.spec.options)) if model else dict(self.spec.options)
         self.role = getattr(self.cls, "role", "user")
+        proc = getattr(rollout, "processor", None)
+        self.expander = Expander(proc) if proc is not None else None      # an image-text policy's pictures
         self.loop = EventLoop()
         self.stats: dict[str, float] = {}
         self.spans: list[tuple[str, float, float]] = []
 
     # -- observations ----------------------------------------------------------
-    def observation_ids(self, e: Episode, text: str) -> list[int]:
+    def observation_ids(self, e: Episode, text: str, pics: list[bytes] = ()) -> list[int]:
         tok = self.tok
         if e.chat is None:
-            return tok(text, add_special_tokens=False).input_ids
+            if pics and vision.PLACEHOLDER not in text:
+                text = vision.PLACEHOLDER * len(pics) + text
+            return tok(self._expand(text, pics), add_special_tokens=False).input_ids
         base = tok.apply_chat_template(e.chat, tokenize=False)
-        e.chat.append({"role": self.role, "content": text})
+        content = [{"type": "image"}] * len(pics) + [{"type": "text", "text": text}] if pics else text
+        e.chat.append({"role": self.role, "content": content})
         full = tok.apply_chat_template(e.chat, add_generation_prompt=True, tokenize=False)
         said = e.chat[-2]["content"]
         closing, at = after_message(tok, base, said, e.stopped)
         delta = full[len(base):] if full.startswith(base) else full[at:]
-        return tok(closing + delta, add_special_tokens=False).input_ids
+        return tok(self._expand(closing + delta, pics), add_special_tokens=False).input_ids
+
+    def _expand(self, text: str, pics) -> str:
+        """``text`` with each picture's placeholder expanded into its image tokens (none: as it is)."""
+        if not pics:
+            return text
+        found = text.count(vision.PLACEHOLDER) + (text.count(self.expander.token)
+                                                 if self.expander.token != vision.PLACEHOLDER else 0)
+        if found != len(pics):
+            raise ValueError(f"environment {self.spec.name}: an observation with {len(pics)} picture(s) says "
+                             f"'{vision.PLACEHOLDER}' {found} times (one per picture, or none to show them first)")
+        return self.expander.expand(text, list(pics))
+
+    def _pictures(self, e: Episode, step: EnvStep) -> list[bytes]:
+        """The observation's pictures, checked: an image-text policy, files PIL reads."""
+        pics = [bytes(b) for b in step.images or ()]
+        if pics and self.expander is None:
+            raise ValueError(f"environment {self.spec.name} showed pictures to a model that takes none: use an "
+                             "image-text policy, or an environment of text")
+        vision.open_images(pics, f"environment {self.spec.name}'s observation")
+        return pics
 
     # -- the loop --------------------------------------------------------------
     def _apply(self, e: Episode, step: EnvStep, dt: float) -> None:
@@ -152,15 +184,22 @@ class Episodes:
         e.steps += 1
         e.info.update(step.info)
         e.done = e.done or bool(step.done)
-        if e.done or not step.observation or e.turns >= self.spec.max_turns:
+        if e.done or not (step.observation or step.images) or e.turns >= self.spec.max_turns:
             return
-        ids = self.observation_ids(e, step.observation)
+        pics = self._pictures(e, step)
+        ids = self.observation_ids(e, step.observation or "", pics)
         room = e.left(self.spec.max_tokens)
         if len(ids) >= room:                   # no room left for the model to answer
             e.truncated, e.done = True, True
+            if pics:                           # a picture is shown whole or not at all
+                return
             ids = ids[:room]
         e.add(ids, trained=False)
-        e.transcript.append({"role": self.role, "content": step.observation})
+        if pics:
+            shown = vision.pixel_inputs(self.expander.proc, vision.open_images(pics))
+            e.pixels = shown if e.pixels is None else vision.concat([e.pixels, shown])
+        e.transcript.append({"role": self.role, "content": step.observation or "",
+                             **({"images": len(pics)} if pics else {})})
 
     def _resolve(self, e: Episode) -> float:
         if e.pending is None:
@@ -208,7 +247,8 @@ class Episodes:
                 busy = True
                 cap = min(opts.max_new_tokens, max(e.left(spec.max_tokens) for e in live))
                 t0 = time.perf_counter()
-                shown = {} if pixels is None else {"pixels": [e.pixels for e in live]}
+                seen = [e.pixels for e in live]
+                shown = {"pixels": seen} if any(p is not None for p in seen) else {}
                 out = r.sample([e.ids for e in live], 1, greedy=greedy, seed=(seed + 7919 * calls) % 2**31,
                                max_new_tokens=cap, **shown)
                 gen_s += time.perf_counter() - t0

@@ -24,7 +24,7 @@ An environment is registered like every plugin::
 ...     async def step(self, message):
 ...         return EnvStep(observation=None, reward=float(message == self.prompt.meta["target"]), done=True)
 >>> asyncio.run(Echo(Prompt("say 7", {"target": "7"})).step("7"))
-EnvStep(observation=None, reward=1.0, done=True, tool_calls=0, info={})
+EnvStep(observation=None, reward=1.0, done=True, tool_calls=0, info={}, images=[])
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ class EnvStep:
     """Tool calls this step made (counted in the metrics: ``tool_calls_per_episode``)."""
     info: dict[str, Any] = field(default_factory=dict)
     """Anything else, kept in the episode's record (``episode["info"]``, the last step's wins per key)."""
+    images: list[bytes] = field(default_factory=list)
+    """Pictures shown with the observation (encoded files: PNG, JPEG, ...), for an image-text policy: each where
+    the observation's text says ``<image>``, else all before the text (in a chat, as image parts of the
+    environment's message)."""
 
 
 @runtime_checkable
