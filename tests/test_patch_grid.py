@@ -6,12 +6,11 @@ from __future__ import annotations
 import io
 
 import pytest
-import torch
 from PIL import Image
 
 import omnigraph as og
 from omnigraph.sdk import Prompt, SampleBatch, Weights
-from omnigraph.testing import build_node, export, prompts
+from omnigraph.testing import build_node, prompts
 
 from nodes.models import prefix, vision
 from nodes.models.patch_grid import GridProcessor
@@ -109,17 +108,9 @@ def test_a_multi_turn_episode_keeps_its_pictures_positions_every_turn(model, sha
 def test_after_a_lora_sync_the_rollout_samples_what_the_trainer_scores(model):
     lora = ["nodes.update.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}", "nodes.sync.payload=lora",
             "model.freeze=[vision]"]
-    spec = og.load(VLM, [f"model.path={model}", *SCORE, *lora])
-    shared = {}
-    sync, _ = build_node(spec, "sync", shared=shared)
-    with torch.no_grad():
-        for p in sync.policy.model.parameters():
-            if p.requires_grad:
-                p.add_(0.05 * torch.randn_like(p))
-    gen, _ = build_node(spec, "generate")
-    gen.load_weights(export(spec, sync, 1))
-    batch = gen.generate(0, prompts(spec, 0), Weights(version=1))
-    old = build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, batch).fields["old_logprob"]
+    from test_vision import after_a_sync
+
+    batch, old = after_a_sync(og.load(VLM, [f"model.path={model}", *SCORE, *lora]))
     assert gap(old, batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4
 
 

@@ -77,20 +77,26 @@ def test_the_update_times_the_vision_tower_in_its_forwards(batch):
     assert 0 < ctx.metrics["update_encoder_s"] and 0 < ctx.metrics["update_encoder_share"] < 1
 
 
-@pytest.mark.parametrize("payload", ["full", "lora"])
-def test_after_a_sync_the_rollout_samples_what_the_trainer_scores(payload):
-    lora = ["nodes.update.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"] if payload == "lora" else []
-    spec = og.load(VLM, ["nodes.update.mini_batch_size=64", f"nodes.sync.payload={payload}", *lora])
+def after_a_sync(spec):
+    """A batch sampled after a sync of weights the rollout had not seen (the language model's and the tower's,
+    where they train), and the trainer's old log-probs of it."""
     shared = {}
     sync, _ = build_node(spec, "sync", shared=shared)
-    with torch.no_grad():          # weights the rollout has not seen: the language model's and the tower's
-        for name, p in sync.policy.model.named_parameters():
+    with torch.no_grad():
+        for p in sync.policy.model.parameters():
             if p.requires_grad:
                 p.add_(0.05 * torch.randn_like(p))
     gen, _ = build_node(spec, "generate")
     gen.load_weights(export(spec, sync, 1))
     batch = gen.generate(0, prompts(spec, 0), Weights(version=1))
-    old = build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, batch).fields["old_logprob"]
+    return batch, build_node(spec, "old_logprob", shared=shared)[0].logprobs(0, batch).fields["old_logprob"]
+
+
+@pytest.mark.parametrize("payload", ["full", "lora"])
+def test_after_a_sync_the_rollout_samples_what_the_trainer_scores(payload):
+    lora = ["nodes.update.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"] if payload == "lora" else []
+    spec = og.load(VLM, ["nodes.update.mini_batch_size=64", f"nodes.sync.payload={payload}", *lora])
+    batch, old = after_a_sync(spec)
     assert gap(old, batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4
     before = build_node(og.load(VLM), "generate")[0].generate(0, prompts(spec, 0), Weights(version=0))
     assert not torch.equal(before.fields["logprob"], batch.fields["logprob"])       # the sync changed the rollout
