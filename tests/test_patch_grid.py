@@ -182,3 +182,12 @@ def test_a_frozen_towers_output_is_computed_once_per_sample_and_trains_the_same_
     # old_logprob ran the tower once per distinct sample's pictures; the update took them all from what was kept
     assert kept.computed == len(set(batch.fields["image_key"].tolist())) <= kept.reused
     assert m["update_encoder_s"] == 0 < m2["update_encoder_s"]
+
+
+def test_a_qwen2_vl_is_scored_as_sampled_with_its_tower_frozen_or_not(tmp_path):
+    path = grid_vl.build(tmp_path / "qwen2-vl-tiny", vision=grid_vl.TINY_VISION_QWEN2, arch="qwen2_vl")
+    for extra in ([], ["model.freeze=[vision]"]):
+        spec = og.load(VLM, [f"model.path={path}", *SCORE, *extra])
+        batch = build_node(spec, "generate")[0].generate(0, prompts(spec, 0), Weights(0))
+        lp = build_node(spec, "old_logprob")[0].logprobs(0, batch).fields["old_logprob"]
+        assert gap(lp, batch.fields["logprob"], batch.fields["response_mask"]) < 1e-4, extra

@@ -1,7 +1,7 @@
-"""A Qwen2.5-VL model of any shape with random weights: the patch-grid image-text model of the tests (tiny) and
-of the GPU benchmark's image-text shape (Qwen2.5-VL-3B's configuration).
+"""A Qwen2.5-VL (or Qwen2-VL) model of any shape with random weights: the patch-grid image-text model of the
+tests (tiny) and of the GPU benchmark's image-text shape (Qwen2.5-VL-3B's configuration).
 
-It is ``Qwen2_5_VLForConditionalGeneration`` as transformers ships it, saved with what a Qwen2.5-VL checkpoint
+It is ``Qwen2_5_VLForConditionalGeneration`` (``Qwen2VLForConditionalGeneration``) as transformers ships it, saved with what a Qwen2.5-VL checkpoint
 carries (``config.json``, the image processor's ``preprocessor_config.json``, the tokenizer and a chat
 template), so it loads exactly as a user's does, through :class:`nodes.models.patch_grid.GridProcessor`. The
 tokenizer is the embedded model's characters plus Qwen's vision tokens, padded to the configuration's
@@ -27,6 +27,8 @@ TINY_TEXT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num
                  initializer_range=0.2)     # sharp attention: a wrong position shows in the log-probs
 TINY_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                    fullatt_block_indexes=[1])
+TINY_VISION_QWEN2 = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2)
+"""Qwen2-VL's tower (``arch="qwen2_vl"``): its fields differ from Qwen2.5-VL's."""
 QWEN25_VL_3B_TEXT = dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
                          intermediate_size=11008, vocab_size=151936, max_position_embeddings=128000,
                          rope_theta=1e6, tie_word_embeddings=True,
@@ -48,22 +50,29 @@ def tokenizer(vocab_size: int | None = None):
 
 
 def build(target: Path, text: dict = TINY_TEXT, vision: dict = TINY_VISION, seed: int = 0,
-          device: str = "cpu", dtype=None, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280) -> Path:
-    """Save a random Qwen2.5-VL of the shape ``text`` / ``vision`` to ``target`` (built on ``device``)."""
+          device: str = "cpu", dtype=None, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280,
+          arch: str = "qwen2_5_vl") -> Path:
+    """Save a random Qwen2.5-VL (``arch="qwen2_vl"``: Qwen2-VL) of the shape ``text`` / ``vision`` to ``target``
+    (built on ``device``)."""
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+    import transformers
+    from transformers import Qwen2VLImageProcessorPil
+
+    names = {"qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+             "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration")}[arch]
+    config_class, model_class = (getattr(transformers, n) for n in names)
 
     tok = tokenizer(text.get("vocab_size"))
     ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     text = {**text, "vocab_size": text.get("vocab_size", len(tok)), "bos_token_id": tok.bos_token_id,
             "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+    config = config_class(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
                               video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
                               vision_end_token_id=ids["<|vision_end|>"],
                               tie_word_embeddings=text.get("tie_word_embeddings", True))
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = model_class(config)
     if dtype is not None:
         model = model.to(dtype)
     target = Path(target)
