@@ -64,8 +64,9 @@ GRID = ["model.path={grid}"]     # a Qwen2.5-VL (random weights, built in the te
     ("vlm_one_step_off", "ray", LOOKER),             # agents with pictures, a batch of their episodes in the checkpoint
     ("vlm_one_step_off", "local", LOOKER + [         # agents with pictures in flight in the checkpoint
         "nodes.generate.partial={budget_tokens: 2, max_spans: 4}", "schedule.max_staleness=4"]),
-    ("vlm_one_step_off", "local", GRID + [           # a patch-grid model's prompts unfinished in the checkpoint
-        "nodes.generate.partial={budget_tokens: 2, max_spans: 4}", "schedule.max_staleness=4"])])
+    ("vlm_one_step_off", "local", GRID + [           # a patch-grid model's prompts unfinished in the checkpoint,
+        "nodes.generate.partial={budget_tokens: 2, max_spans: 4}", "schedule.max_staleness=4",
+        "model.freeze=[vision]"])])                  # its frozen tower's output kept (not checkpointed)
 def test_sigterm_checkpoints_and_the_same_command_continues_to_the_same_weights(tmp_path, graph, executor, extra):
     if GRID[0] in extra:
         from nodes.zoo import grid_vl

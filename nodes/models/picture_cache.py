@@ -3,7 +3,8 @@
 With the tower frozen, a picture's features (the tower's output, its merger included) are the same at every
 step of the run. The trainer's forwards would still run the tower on every picture of every micro-batch:
 ``old_logprob``'s, then the update's. Here each distinct sample's pictures (keyed by the batch's ``image_key``)
-run through the tower once; the features are kept and given to the model's forward instead of the pixels
+run through the tower once, one sample at a time (so what is kept does not depend on which samples shared a
+batch: a run resumed from a checkpoint computes the same bits); the features are kept and given to the model's forward instead of the pixels
 (:func:`omnigraph.sdk.adapters.transformers.with_picture_features`). The oldest are dropped past
 ``limit_bytes``. Patch-grid models (Qwen2-VL, Qwen2.5-VL), whose whole picture path is the frozen tower; LLaVA's
 projector trains, so its pictures run as they are.
@@ -36,16 +37,11 @@ class FeatureCache:
         todo = {k: it for k, it in rows if k not in have}
         self.computed += len(todo)
         self.reused += len(rows) - len(todo)
-        if todo:
-            seen = vision.model_inputs(vision.concat(list(todo.values())), ids.device)
+        for k, it in todo.items():            # one sample at a time: its features never depend on the batch
+            seen = vision.model_inputs(it, ids.device)
             with torch.no_grad():
-                feats = picture_features(self.model, seen["pixel_values"], seen[vision.GRID])
-            at = 0
-            for k, it in todo.items():
-                n = len(it[vision.GRID])
-                have[k] = [f.detach() for f in feats[at:at + n]]
-                self._keep(k, have[k])
-                at += n
+                have[k] = [f.detach() for f in picture_features(self.model, seen["pixel_values"], seen[vision.GRID])]
+            self._keep(k, have[k])
         shown = [f for k, _ in rows for f in have[k]]
         return {"input_ids": ids, **(with_picture_features(shown) if shown else {})}
 
