@@ -156,6 +156,29 @@ def test_a_full_update_that_cannot_fit_its_card_is_refused_before_anything_start
     og.compile(gpu, overrides=[f"model.path={tmp_path}"])
 
 
+def test_a_rollout_sharing_the_trainers_card_is_counted_with_its_kv_cache(tmp_path, monkeypatch):
+    from nodes.trainer import memory
+
+    config = {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+              "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))          # Qwen2.5-7B's shape
+    assert memory.kv_bytes_per_token(config, "bfloat16") == 2 * 28 * 4 * 128 * 2
+    gpu = GRAPHS / "gpu" / "grpo_one_step_off.yaml"              # rollout and trainer half a card each
+    lora = [f"model.path={tmp_path}", "nodes.update.lora={r: 16}", "nodes.sync.payload=lora"]
+    # LoRA's float32 base (28 GiB) and the rollout's bf16 weights (14 GiB) do not share a 40 GiB card
+    monkeypatch.setattr(memory, "card_gib", lambda: 40.0)
+    with pytest.raises(GraphError, match=r"one card holds 28 GiB of LoRA's frozen base weights and 14 GiB of "
+                                         r"'generate''s weights and KV cache.*card of 40 GiB") as e:
+        og.compile(gpu, overrides=lora)
+    assert e.value.where == "pools.trainer.gpus" and "a card of its own" in str(e.value)
+    og.compile(gpu, overrides=[*lora, "pools.rollout.gpus=1", "pools.trainer.gpus=1"])   # a card each: fits
+    # on 80 GiB they fit, until a firing's KV cache is large: 512 rows of 4096 new tokens, 112 GiB
+    monkeypatch.setattr(memory, "card_gib", lambda: 80.0)
+    og.compile(gpu, overrides=lora)
+    with pytest.raises(GraphError, match=r"and 126 GiB of 'generate''s weights and KV cache"):
+        og.compile(gpu, overrides=[*lora, "task.prompts=64", "nodes.generate.max_new_tokens=4096"])
+
+
 @pytest.mark.parametrize("shape", [
     dict(model_type="llama", vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
          num_key_value_heads=3, intermediate_size=1536, tie_word_embeddings=True),

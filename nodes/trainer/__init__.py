@@ -38,22 +38,60 @@ def _torch_trainer(node, options, spec) -> list:
 
 
 def _fits(node, options, spec, pool) -> list:
-    """A full-parameter update whose weights, gradients and optimizer state alone exceed the trainer's share of
-    its card (:mod:`nodes.trainer.memory`: a lower bound, checked where the card can be asked)."""
-    if pool.gpus <= 0 or getattr(options, "lora", None) is not None:
+    """An update whose weights, gradients and optimizer state (LoRA: its base weights), with the rollout's weights
+    and KV cache where it shares the card, exceed the card (:mod:`nodes.trainer.memory`: a lower bound, checked
+    where the card can be asked)."""
+    if pool.gpus <= 0:
         return []
-    need = memory.update_state_gib(spec.model.path, spec.model.freeze or ())
+    lora = getattr(options, "lora", None) is not None
+    need = memory.lora_state_gib(spec.model.path, spec.model.dtype) if lora else \
+        memory.update_state_gib(spec.model.path, spec.model.freeze or (), spec.model.dtype)
     card = memory.card_gib() if need is not None else None
     if need is None or card is None:
         return []
-    per_card = need / pool.actors if pool.sharding != "none" else need
+    per_card = need / pool.actors if pool.sharding != "none" and not lora else need
+    per = 16 if spec.model.dtype in ("float32", "bfloat16") else 8
+    what = "LoRA's frozen base weights" if lora else f"weights, gradients and AdamW state ({per} bytes a parameter)"
+    if per_card > card and not lora:     # the update alone does not fit
+        return [ConfigError(f"a full-parameter update of this model keeps {per_card:.0f} GiB per card of {what} "
+                            f"before any activation; the pool '{options.pool}' runs on cards of {card:.0f} GiB",
+                            where=f"nodes.{node}.lora",
+                            fix=f"train LoRA adapters (nodes.{node}.lora: {{r: 16}}), or shard the state over more "
+                                f"cards (pools.{options.pool}.sharding: fsdp, actors: N)")]
+    parts = [f"{per_card:.0f} GiB of {what}"]
+    for gen, gib in _rollouts_on_card(options.pool, spec):
+        per_card += gib
+        parts.append(f"{gib:.0f} GiB of '{gen}''s weights and KV cache")
     if per_card <= card:             # the whole card (a pool with a fraction of it shares it: a lower bound still)
         return []
-    return [ConfigError(f"a full-parameter update of this model keeps {per_card:.0f} GiB per card of float32 weights, "
-                        f"gradients and AdamW state (16 bytes a parameter) before any activation; the pool "
-                        f"'{options.pool}' runs on cards of {card:.0f} GiB", where=f"nodes.{node}.lora",
-                        fix=f"train LoRA adapters (nodes.{node}.lora: {{r: 16}}), or shard the state over more cards "
-                            f"(pools.{options.pool}.sharding: fsdp, actors: N)")]
+    return [ConfigError(f"one card holds {' and '.join(parts)}: {per_card:.0f} GiB before any activation, on a "
+                        f"card of {card:.0f} GiB", where=f"pools.{options.pool}.gpus",
+                        fix="give the rollout a card of its own (pools.<rollout>.gpus: 1), fewer rows or new tokens "
+                            "a firing (task.prompts, task.samples_per_prompt, max_new_tokens)"
+                            + ("" if lora else f", or LoRA (nodes.{node}.lora: {{r: 16}})"))]
+
+
+def _rollouts_on_card(trainer_pool: str, spec) -> list[tuple[str, float]]:
+    """The generators that share the trainer's card (its own pool, or fractions of one card on one host) and what
+    each needs on it (:func:`nodes.trainer.memory.rollout_gib`; those it cannot count are left out)."""
+    tp = spec.pools[trainer_pool]
+    out = []
+    for name, n in spec.nodes.items():
+        if n.kind != "generate" or getattr(n, "lent", False) or getattr(n, "backend", "hf") != "hf":
+            continue
+        p = spec.pools[n.pool]
+        shared = n.pool == trainer_pool or (0 < p.gpus < 1 and 0 < tp.gpus < 1 and p.gpus + tp.gpus <= 1
+                                            and not spec.runtime.address)
+        if not shared:
+            continue
+        rows = -(-spec.task.prompts * spec.task.samples_per_prompt // p.actors)
+        env = getattr(n, "env", None)
+        tokens = (getattr(env, "max_tokens", None) if env else None) or n.max_new_tokens
+        tokens += spec.task.max_prompt_tokens or 0
+        gib = memory.rollout_gib(spec.model.path, getattr(n, "dtype", None) or spec.model.dtype, rows, tokens)
+        if gib is not None:
+            out.append((name, gib))
+    return out
 
 
 def _capabilities(kind: str, backend: str) -> frozenset:

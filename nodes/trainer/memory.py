@@ -4,7 +4,11 @@ The torch update keeps float32 master weights, their gradients and AdamW's two m
 whatever ``model.dtype`` (bf16 is autocast compute). That much is needed before any activation, so where it
 alone exceeds what the trainer's pool has of its card, the graph cannot run, and ``omnigraph check`` says so
 with the fixes (LoRA, or the state sharded over more cards) instead of a CUDA out-of-memory error minutes in.
-It is a lower bound: a graph that passes may still need more (activations, the rollout's share of the card).
+It is a lower bound: a graph that passes may still need more (activations, allocator slack).
+
+Where the rollout shares the trainer's card (one pool for both, or fractions of one card on one host), its part
+is counted too: its weights in its dtype and the KV cache of one firing's rows (:func:`rollout_gib`), so a
+colocated graph that cannot hold both is refused with each part named.
 
 The parameters are counted from ``config.json`` for the decoder-only architectures in :data:`DENSE`
 (embeddings, attention with grouped keys and values, the gated MLP, norms; tested against the models' own
@@ -75,18 +79,60 @@ def card_gib() -> float | None:
         return None
 
 
-def update_state_gib(model_path: str, freeze=()) -> float | None:
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+"""Bytes a value; ``auto`` (the checkpoint's dtype) counts as 2, the least a served model takes."""
+
+
+def _config(model_path: str) -> dict | None:
+    path = Path(model_path) / "config.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        return None
+
+
+def kv_bytes_per_token(config: dict, dtype: str) -> int:
+    """Keys and values of one token over every layer of a decoder of ``config`` (its language model's)."""
+    t = {**config, **config.get("text_config", {})}
+    heads = t["num_attention_heads"]
+    hd = t.get("head_dim") or t["hidden_size"] // heads
+    return 2 * t["num_hidden_layers"] * (t.get("num_key_value_heads") or heads) * hd * BYTES[dtype]
+
+
+def rollout_gib(model_path: str, dtype: str, rows: int, tokens: int) -> float | None:
+    """A rollout actor's weights in ``dtype`` and the KV cache of ``rows`` sequences of ``tokens``, in GiB (None:
+    an architecture :func:`parameters` does not count)."""
+    config = _config(model_path)
+    try:
+        n = parameters(config) if config else None
+        return None if n is None else (n * BYTES[dtype] + rows * tokens * kv_bytes_per_token(config, dtype)) / 2 ** 30
+    except (KeyError, TypeError):
+        return None
+
+
+def lora_state_gib(model_path: str, dtype: str) -> float | None:
+    """A LoRA update's frozen base weights as the trainer holds them (float32 masters under bf16 autocast)."""
+    config = _config(model_path)
+    try:
+        n = parameters(config) if config else None
+    except (KeyError, TypeError):
+        return None
+    return None if n is None else n * (4 if dtype == "bfloat16" else BYTES[dtype]) / 2 ** 30
+
+
+def update_state_gib(model_path: str, freeze=(), dtype: str = "bfloat16") -> float | None:
     """The full-parameter update's weights, gradients and optimizer state in GiB, for a model folder whose
-    architecture :func:`parameters` counts (None otherwise: an alias, another architecture). A frozen vision tower
-    (``freeze``: ``model.freeze``) keeps only its float32 weights, 4 bytes a parameter."""
-    config = Path(model_path) / "config.json"
-    if not config.is_file():
+    architecture :func:`parameters` counts (None otherwise: an alias, another architecture): 16 bytes a parameter
+    with float32 masters (``model.dtype`` float32 or bfloat16), 4 values of the checkpoint's dtype (at least 2
+    bytes) with ``auto``. A frozen vision tower (``freeze``: ``model.freeze``) keeps only its weights."""
+    config = _config(model_path)
+    if config is None:
         return None
     try:
-        config = json.loads(config.read_text())
         n = parameters(config)
         frozen = qwen25_vision(config["vision_config"]) if n is not None and "vision" in freeze and \
             config.get("model_type") == "qwen2_5_vl" else 0
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
-    return None if n is None else ((n - frozen) * BYTES_PER_PARAMETER + frozen * 4) / 2 ** 30
+    value = 4 if dtype in ("float32", "bfloat16") else BYTES[dtype]
+    return None if n is None else ((n - frozen) * 4 * value + frozen * value) / 2 ** 30
