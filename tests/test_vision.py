@@ -308,3 +308,14 @@ def test_the_what_if_table_says_where_the_pictures_time_goes(tmp_path, capsys):
     shares = json.loads(capsys.readouterr().out)["shares"]
     assert set(shares) == {"encoder_share", "prefill_share", "update_encoder_share"}
     assert 0 < shares["encoder_share"] < shares["prefill_share"] < 1, shares
+    # the trainer's rate, and its MFU where the update logged one (on a GPU: here added to the run's rows)
+    assert main(["plan", "--timings", str(run), "--json"]) == 0
+    trainer = json.loads(capsys.readouterr().out)["trainer"]
+    assert set(trainer) == {"update_tokens_per_s"} and trainer["update_tokens_per_s"] > 0
+    metrics = run / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps({**r, "mfu": 0.41} if "update_tokens_per_s" in r else r) + "\n"
+                               for r in rows))
+    assert main(["plan", "--timings", str(run)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("trainer:"))
+    assert "update tokens/s" in line and "MFU 41.0%" in line, line

@@ -69,11 +69,15 @@ SHARES = {"encoder_share": "the vision tower", "prefill_share": "the prompts' pr
 """Shares of a node's time the nodes log (an image-text policy's), and what each is a share of."""
 
 
-def steady_shares(rows: list[dict[str, Any]], fill: int) -> dict[str, float]:
-    """The median over the steady state of each share in :data:`SHARES` the run logged."""
+RATES = {"update_tokens_per_s": "{:,.0f} update tokens/s", "mfu": "MFU {:.1%}"}
+"""The trainer's rates the update logs (``mfu`` on a GPU only), and how the table prints each."""
+
+
+def steady_shares(rows: list[dict[str, Any]], fill: int, keys=SHARES) -> dict[str, float]:
+    """The median over the steady state of each share in :data:`SHARES` (or ``keys``) the run logged."""
     window = steady(rows, fill)
     out = {}
-    for k in SHARES:
+    for k in keys:
         values = [r[k] for r in window if isinstance(r.get(k), (int, float))]
         if values:
             out[k] = round(statistics.median(values), 4)
@@ -153,7 +157,8 @@ def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dic
     others; the row of the run's own schedule (its ``config.yaml``) carries the measured step time."""
     timings, measured, ran, steps = node_times(spec, run_dir)
     rows_run, _ = read_run(run_dir)
-    shares = steady_shares(rows_run, compile(ran).fill)
+    fill = compile(ran).fill
+    shares, rates = steady_shares(rows_run, fill), steady_shares(rows_run, fill, RATES)
     missing = [n for n in spec.nodes if n not in timings]
     mine, theirs = _key(spec.schedule), _key(ran.schedule)
     custom = spec.schedule.mode == "custom"
@@ -171,7 +176,8 @@ def compare(spec, run_dir: str | Path) -> tuple[dict[str, float], list[Row], dic
     base = next((r.predicted_s for r in out if r.current), out[0].predicted_s)
     for r in out:
         r.speedup = round(base / r.predicted_s, 3) if r.predicted_s else None
-    return {n: round(v, 6) for n, v in timings.items()}, out, {"missing": missing, "steps": steps, "shares": shares}
+    return {n: round(v, 6) for n, v in timings.items()}, out, {"missing": missing, "steps": steps, "shares": shares,
+                                                      "trainer": rates}
 
 
 def _row(plan, name: str, measured: float | None = None, current: bool = False) -> Row:
@@ -191,6 +197,8 @@ def format_table(spec, run_dir, timings: dict[str, float], rows: list[Row], info
     if info.get("shares"):                # an image-text policy: where its pictures' time goes
         lines.append("  pictures: " + "; ".join(f"{SHARES[k]} {v:.1%}" for k, v in info["shares"].items())
                      + " (of generate's time; the last of the update's)")
+    if info.get("trainer"):
+        lines.append("  trainer: " + ", ".join(RATES[k].format(v) for k, v in info["trainer"].items()))
     lines += ["", f"  {'schedule':<28} {'staleness':>9} {'predicted s/step':>17} {'vs the run':>12}  bottleneck",
               f"  {'-' * 28} {'-' * 9} {'-' * 17} {'-' * 12}  {'-' * 24}"]
     for r in rows:
@@ -210,4 +218,4 @@ def format_table(spec, run_dir, timings: dict[str, float], rows: list[Row], info
 
 def as_json(timings, rows: list[Row], info) -> dict[str, Any]:
     return {"timings": timings, "missing": info["missing"], "steps": info["steps"], "shares": info.get("shares", {}),
-            "schedules": [asdict(r) for r in rows]}
+            "trainer": info.get("trainer", {}), "schedules": [asdict(r) for r in rows]}
