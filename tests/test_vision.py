@@ -319,3 +319,17 @@ def test_the_what_if_table_says_where_the_pictures_time_goes(tmp_path, capsys):
     assert main(["plan", "--timings", str(run)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("trainer:"))
     assert "update tokens/s" in line and "MFU 41.0%" in line, line
+
+
+def test_a_frozen_towers_output_is_kept_and_the_projector_still_trains(batch, monkeypatch):
+    from test_patch_grid import trained
+    lp, w, m, kept = trained("tiny-vl", batch, True, monkeypatch)
+    lp2, w2, m2, none = trained("tiny-vl", batch, False, monkeypatch)
+    mask = batch.fields["response_mask"]
+    assert none is None and kept is not None and kept.computed == len(set(batch.fields["image_key"].tolist()))
+    assert gap(lp, lp2, mask) < 1e-5 and gap(lp, batch.fields["logprob"], mask) < 1e-4
+    assert max(float((w[k] - w2[k]).abs().max()) for k in w) < 1e-5
+    assert m["update_encoder_s"] == 0 < m2["update_encoder_s"]            # the update ran no tower
+    start = dict(build_node(og.load(VLM), "update", shared={})[0].policy.model.named_parameters())
+    projector = [k for k in w if "multi_modal_projector" in k]
+    assert projector and all(not torch.equal(w[k], start[k].detach()) for k in projector)    # it trained

@@ -4,10 +4,11 @@ With the tower frozen, a picture's features (the tower's output, its merger incl
 step of the run. The trainer's forwards would still run the tower on every picture of every micro-batch:
 ``old_logprob``'s, then the update's. Here each distinct sample's pictures (keyed by the batch's ``image_key``)
 run through the tower once, one sample at a time (so what is kept does not depend on which samples shared a
-batch: a run resumed from a checkpoint computes the same bits); the features are kept and given to the model's forward instead of the pixels
-(:func:`omnigraph.sdk.adapters.transformers.with_picture_features`). The oldest are dropped past
-``limit_bytes``. Patch-grid models (Qwen2-VL, Qwen2.5-VL), whose whole picture path is the frozen tower; LLaVA's
-projector trains, so its pictures run as they are.
+batch: a run resumed from a checkpoint computes the same bits); the output is kept and given to the model's
+forward instead of the pixels (:func:`omnigraph.sdk.adapters.transformers.with_picture_features`). The oldest
+are dropped past ``limit_bytes``. A patch-grid model's (Qwen2-VL, Qwen2.5-VL) kept output is its pictures'
+features, merger included; LLaVA's is its tower's selected hidden states, and its projector (which trains) runs
+on them in every forward.
 """
 
 from __future__ import annotations
@@ -38,12 +39,11 @@ class FeatureCache:
         self.computed += len(todo)
         self.reused += len(rows) - len(todo)
         for k, it in todo.items():            # one sample at a time: its features never depend on the batch
-            seen = vision.model_inputs(it, ids.device)
             with torch.no_grad():
-                have[k] = [f.detach() for f in picture_features(self.model, seen["pixel_values"], seen[vision.GRID])]
+                have[k] = [f.detach() for f in picture_features(self.model, vision.model_inputs(it, ids.device))]
             self._keep(k, have[k])
         shown = [f for k, _ in rows for f in have[k]]
-        return {"input_ids": ids, **(with_picture_features(shown) if shown else {})}
+        return {"input_ids": ids, **(with_picture_features(self.model, shown) if shown else {})}
 
     def _keep(self, key: int, feats: list[torch.Tensor]) -> None:
         self.kept[key] = feats

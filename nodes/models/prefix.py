@@ -78,10 +78,10 @@ def rows_inputs(ids: torch.Tensor, pixels: list | None, rows, keys: torch.Tensor
                 features=None) -> dict:
     """A forward's ``input_ids`` and pictures for ``rows`` (indices into ``pixels``) whose ids are ``ids``: their
     pixel inputs, or where ``features`` (a :class:`~nodes.models.picture_cache.FeatureCache`) keeps a frozen
-    tower's output for a patch-grid model's pictures, those."""
+    tower's output, that."""
     rows = [int(i) for i in rows]
     if features is not None and pixels is not None and keys is not None and \
-            any(isinstance(pixels[i], dict) for i in rows):
+            any(pixels[i] is not None for i in rows):
         return features.inputs(ids, [pixels[i] for i in rows], [int(keys[i]) for i in rows])
     return {"input_ids": ids, **pictures(pixels, rows, ids.device)}
 

@@ -30,7 +30,7 @@ import torch
 
 from omnigraph.sdk import ConfigError, NodeContext, SampleBatch
 from omnigraph.sdk.adapters import torch as torch_adapter
-from omnigraph.sdk.adapters.transformers import has_rope_index
+from omnigraph.sdk.adapters.transformers import keeps_tower_output
 
 from nodes import models
 from nodes.models import vision
@@ -95,7 +95,7 @@ class Policy:
         self.sharded = ctx.sharding == "fsdp"
         # a frozen tower's output, computed once per sample's pictures and kept (nodes.models.picture_cache)
         self.features = FeatureCache(self.model) if "vision" in ctx.model.freeze and not self.sharded and \
-            has_rope_index(self.model) else None
+            keeps_tower_output(self.model) else None
         # an image-text model: its vision tower's forward time, for the update's share (nodes.models.vision)
         self.encoder = vision.EncoderClock(self.model) if vision.is_vision(path) else None
         self.chunk: int | None = None    # positions per chunk of the output head (the update's options)

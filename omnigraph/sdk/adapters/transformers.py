@@ -20,7 +20,8 @@
   forward reads the positions ``generate`` used, and the offset ``generate`` adds to the text positions of a
   cache it did not fill (:func:`rope_index`, :func:`set_rope_deltas`); its ``get_image_features`` (each picture's
   features as its forward computes them) and the scatter of features into the image tokens' embeddings that its
-  forward's ``mm_encoder_outputs``, which takes them instead of pixels (:func:`picture_features`,
+  forward's ``mm_encoder_outputs``, which takes them instead of pixels, and LLaVA's ``vision_tower`` and
+  ``multi_modal_projector`` with its feature-layer selection (:func:`picture_features`,
   :func:`with_picture_features`: a frozen tower's output, kept);
 - ``DynamicCache.layers[i].keys`` / ``.values``: a cache's tensors, which :func:`repeat_cache_rows` expands with
   ``index_select`` (``DynamicCache.batch_select_indices`` indexes them, and the backward of an index with
@@ -175,17 +176,45 @@ def generate_inputs(model, ids) -> dict:
     return {} if base is None else {"mm_token_type_ids": (ids == base.config.image_token_id).int()}
 
 
-def picture_features(model, pixel_values, image_grid_thw) -> list:
-    """Each picture's features, as a patch-grid model's forward computes them from its vision tower (the merger
-    included) before placing them in the image tokens' embeddings."""
-    check_version()
-    out = _rope_base(model).get_image_features(pixel_values, image_grid_thw, return_dict=True)
-    return list(out.pooler_output)
+def _vl_base(model):
+    """The base model of an image-text model (through a LoRA wrapper): LLaVA's or a patch-grid model's."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(inner, "model", None)
 
 
-def with_picture_features(features: list) -> dict:
-    """A patch-grid model's forward keyword arguments that give it each picture's ``features`` (in order) in place
-    of its pixels: its ``mm_encoder_outputs``, which it then places in the image tokens as its own."""
+def keeps_tower_output(model) -> bool:
+    """Whether a frozen tower's output can be kept for ``model``: a patch-grid model (its merger is part of the
+    tower), or LLaVA with one feature layer (its projector, which trains, then runs on the kept output)."""
     check_version()
+    if _rope_base(model) is not None:
+        return True
+    config = getattr(_vl_base(model), "config", None)
+    return getattr(config, "model_type", None) == "llava" and isinstance(config.vision_feature_layer, int)
+
+
+def picture_features(model, pixels: dict) -> list:
+    """Each picture's output of a frozen tower, from its pixel inputs (``pixel_values``, and ``image_grid_thw``
+    for a patch-grid model): a patch-grid model's features as its forward places them (the merger included);
+    LLaVA's selected hidden states (``vision_feature_layer``, ``vision_feature_select_strategy``), before the
+    projector."""
+    check_version()
+    base = _rope_base(model)
+    if base is not None:
+        out = base.get_image_features(pixels["pixel_values"], pixels["image_grid_thw"], return_dict=True)
+        return list(out.pooler_output)
+    base = _vl_base(model)
+    c = base.config
+    hidden = base.vision_tower(pixels["pixel_values"], output_hidden_states=True, return_dict=True).hidden_states
+    chosen = hidden[c.vision_feature_layer]
+    return list(chosen[:, 1:] if c.vision_feature_select_strategy == "default" else chosen)
+
+
+def with_picture_features(model, features: list) -> dict:
+    """The forward's keyword arguments that give it each picture's kept tower output (:func:`picture_features`, in
+    order) in place of its pixels: its ``mm_encoder_outputs``, after LLaVA's projector (which trains)."""
+    check_version()
+    import torch
     from transformers.modeling_outputs import BaseModelOutputWithPooling
+    if _rope_base(model) is None:
+        features = list(_vl_base(model).multi_modal_projector(torch.stack(features)))
     return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(features))}}
