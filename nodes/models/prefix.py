@@ -37,10 +37,10 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 def positions(model, ids: torch.Tensor, mask: torch.Tensor, pixels: list | None = None) -> torch.Tensor:
     """Each token's position, as the rollout placed it: :func:`position_ids`, or for a patch-grid model's rows
     with pictures (``pixels``: each row's, :mod:`nodes.models.vision`), its 3-D positions ``[3, b, n]``."""
-    grid = pictures(pixels, range(len(ids)), ids.device).get(vision.GRID)
-    if grid is None or not has_rope_index(model):
+    grids = [p[vision.GRID] for p in pixels or () if isinstance(p, dict)]
+    if not grids or not has_rope_index(model):
         return position_ids(mask)
-    return rope_index(model, ids, mask, grid)[0]
+    return rope_index(model, ids, mask, torch.cat(grids).to(ids.device))[0]
 
 
 def groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

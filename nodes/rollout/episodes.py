@@ -165,14 +165,13 @@ class Episodes:
                              f"'{vision.PLACEHOLDER}' {found} times (one per picture, or none to show them first)")
         return self.expander.expand(text, list(pics))
 
-    def _pictures(self, e: Episode, step: EnvStep) -> list[bytes]:
-        """The observation's pictures, checked: an image-text policy, files PIL reads."""
+    def _pictures(self, step: EnvStep) -> tuple[list[bytes], list]:
+        """The observation's pictures and their decoded images, checked: an image-text policy, files PIL reads."""
         pics = [bytes(b) for b in step.images or ()]
         if pics and self.expander is None:
             raise ValueError(f"environment {self.spec.name} showed pictures to a model that takes none: use an "
                              "image-text policy, or an environment of text")
-        vision.open_images(pics, f"environment {self.spec.name}'s observation")
-        return pics
+        return pics, vision.open_images(pics, f"environment {self.spec.name}'s observation")
 
     # -- the loop --------------------------------------------------------------
     def _apply(self, e: Episode, step: EnvStep, dt: float) -> None:
@@ -186,7 +185,7 @@ class Episodes:
         e.done = e.done or bool(step.done)
         if e.done or not (step.observation or step.images) or e.turns >= self.spec.max_turns:
             return
-        pics = self._pictures(e, step)
+        pics, images = self._pictures(step)
         ids = self.observation_ids(e, step.observation or "", pics)
         room = e.left(self.spec.max_tokens)
         if len(ids) >= room:                   # no room left for the model to answer
@@ -196,7 +195,7 @@ class Episodes:
             ids = ids[:room]
         e.add(ids, trained=False)
         if pics:
-            shown = vision.pixel_inputs(self.expander.proc, vision.open_images(pics))
+            shown = vision.pixel_inputs(self.expander.proc, images)
             e.pixels = shown if e.pixels is None else vision.concat([e.pixels, shown])
         e.transcript.append({"role": self.role, "content": step.observation or "",
                              **({"images": len(pics)} if pics else {})})

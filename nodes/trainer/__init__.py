@@ -50,7 +50,7 @@ def _fits(node, options, spec, pool) -> list:
     if need is None or card is None:
         return []
     per_card = need / pool.actors if pool.sharding != "none" and not lora else need
-    per = 16 if spec.model.dtype in ("float32", "bfloat16") else 8
+    per = 4 * memory.master_bytes(spec.model.dtype)
     what = "LoRA's frozen base weights" if lora else f"weights, gradients and AdamW state ({per} bytes a parameter)"
     if per_card > card and not lora:     # the update alone does not fit
         return [ConfigError(f"a full-parameter update of this model keeps {per_card:.0f} GiB per card of {what} "

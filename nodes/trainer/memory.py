@@ -27,8 +27,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-BYTES_PER_PARAMETER = 16
-"""float32 weight, float32 gradient, AdamW's two float32 moments."""
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2")
 
 
@@ -83,12 +81,21 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 """Bytes a value; ``auto`` (the checkpoint's dtype) counts as 2, the least a served model takes."""
 
 
-def _config(model_path: str) -> dict | None:
+def master_bytes(dtype: str) -> int:
+    """Bytes of one trained value as the trainer holds it for ``model.dtype``: float32 masters for float32 and
+    bfloat16 (autocast compute), else the checkpoint's dtype (``auto``: at least 2)."""
+    return 4 if dtype in ("float32", "bfloat16") else BYTES[dtype]
+
+
+def _counted(model_path: str) -> tuple[dict | None, int | None]:
+    """The model folder's ``config.json`` and its parameter count (``None``: no config, or an architecture
+    :func:`parameters` does not count)."""
     path = Path(model_path) / "config.json"
     try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except ValueError:
-        return None
+        config = json.loads(path.read_text()) if path.is_file() else None
+        return config, (parameters(config) if config else None)
+    except (ValueError, KeyError, TypeError):
+        return None, None
 
 
 def kv_bytes_per_token(config: dict, dtype: str) -> int:
@@ -102,37 +109,28 @@ def kv_bytes_per_token(config: dict, dtype: str) -> int:
 def rollout_gib(model_path: str, dtype: str, rows: int, tokens: int) -> float | None:
     """A rollout actor's weights in ``dtype`` and the KV cache of ``rows`` sequences of ``tokens``, in GiB (None:
     an architecture :func:`parameters` does not count)."""
-    config = _config(model_path)
+    config, n = _counted(model_path)
     try:
-        n = parameters(config) if config else None
         return None if n is None else (n * BYTES[dtype] + rows * tokens * kv_bytes_per_token(config, dtype)) / 2 ** 30
     except (KeyError, TypeError):
         return None
 
 
 def lora_state_gib(model_path: str, dtype: str) -> float | None:
-    """A LoRA update's frozen base weights as the trainer holds them (float32 masters under bf16 autocast)."""
-    config = _config(model_path)
-    try:
-        n = parameters(config) if config else None
-    except (KeyError, TypeError):
-        return None
-    return None if n is None else n * (4 if dtype == "bfloat16" else BYTES[dtype]) / 2 ** 30
+    """A LoRA update's frozen base weights as the trainer holds them (:func:`master_bytes` a parameter)."""
+    _, n = _counted(model_path)
+    return None if n is None else n * master_bytes(dtype) / 2 ** 30
 
 
 def update_state_gib(model_path: str, freeze=(), dtype: str = "bfloat16") -> float | None:
-    """The full-parameter update's weights, gradients and optimizer state in GiB, for a model folder whose
-    architecture :func:`parameters` counts (None otherwise: an alias, another architecture): 16 bytes a parameter
-    with float32 masters (``model.dtype`` float32 or bfloat16), 4 values of the checkpoint's dtype (at least 2
-    bytes) with ``auto``. A frozen vision tower (``freeze``: ``model.freeze``) keeps only its weights."""
-    config = _config(model_path)
-    if config is None:
+    """The full-parameter update's weights, gradients and AdamW's two moments in GiB, four values of
+    :func:`master_bytes` a parameter (16 bytes with float32 masters), for a model folder whose architecture
+    :func:`parameters` counts (None otherwise: an alias, another architecture). A frozen vision tower
+    (``freeze``: ``model.freeze``) keeps only its weights."""
+    config, n = _counted(model_path)
+    if n is None:
         return None
-    try:
-        n = parameters(config)
-        frozen = qwen25_vision(config["vision_config"]) if n is not None and "vision" in freeze and \
-            config.get("model_type") == "qwen2_5_vl" else 0
-    except (KeyError, TypeError):
-        return None
-    value = 4 if dtype in ("float32", "bfloat16") else BYTES[dtype]
-    return None if n is None else ((n - frozen) * 4 * value + frozen * value) / 2 ** 30
+    frozen = qwen25_vision(config["vision_config"]) if "vision" in freeze and \
+        config.get("model_type") == "qwen2_5_vl" else 0
+    value = master_bytes(dtype)
+    return ((n - frozen) * 4 * value + frozen * value) / 2 ** 30
